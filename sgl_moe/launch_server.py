@@ -1,0 +1,224 @@
+"""``python -m sgl_moe.launch_server``: SGLang's HTTP server with sgl_moe's defaults, flags and endpoints.
+
+Accepts every SGLang server flag plus the ``--moe-*`` flags. With no arguments it serves the shipped
+model on 127.0.0.1 with page size 16, prefix caching on and KV-cache events published on a bound
+loopback ZMQ endpoint; on a machine without a usable CUDA device it selects SGLang's CPU engine
+through ``sgl_moe.cpu_compat``. Bad input fails fast with one line on stderr and exit status 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import socket
+import sys
+import time
+from pathlib import Path
+
+from sgl_moe import DEFAULT_MODEL_DIR
+from sgl_moe.moe_args import MoeArgs, MoeArgsError
+
+logger = logging.getLogger("sgl_moe.launch_server")
+
+DEFAULT_PAGE_SIZE = 16
+CPU_DEFAULT_MAX_TOTAL_TOKENS = 131072
+"""KV pool cap on CPU, so several workers fit in a small machine's memory."""
+CPU_DEFAULT_MEM_FRACTION = 0.05
+
+
+class LaunchError(Exception):
+    """Bad input detected before SGLang starts; printed as one line."""
+
+
+def _flag_value(argv: list[str], *names: str) -> str | None:
+    """The value given for a flag (``--f v`` or ``--f=v``); None if absent. Last occurrence wins."""
+    value = None
+    for i, arg in enumerate(argv):
+        for name in names:
+            if arg == name and i + 1 < len(argv):
+                value = argv[i + 1]
+            elif arg.startswith(name + "="):
+                value = arg.split("=", 1)[1]
+    return value
+
+
+def _has_flag(argv: list[str], *names: str) -> bool:
+    return any(a == n or a.startswith(n + "=") for a in argv for n in names)
+
+
+def _port_free(host: str, port: int) -> bool:
+    bind_host = "0.0.0.0" if host in ("*", "0.0.0.0", "") else host
+    with socket.socket(socket.AF_INET6 if ":" in bind_host else socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((bind_host, port))
+        except OSError:
+            return False
+    return True
+
+
+def _free_port_block(host: str, start: int, count: int) -> int:
+    """First port >= start such that [port, port + count) are all free."""
+    for base in range(start, min(start + 2000, 65535 - count)):
+        if all(_port_free(host, base + i) for i in range(count)):
+            return base
+    raise LaunchError(f"no {count} consecutive free ports found on {host} from {start}")
+
+
+def check_model_path(model_path: str) -> None:
+    p = Path(model_path).expanduser()
+    if p.exists():
+        if not p.is_dir():
+            raise LaunchError(f"model path {model_path} is not a directory")
+        if not (p / "config.json").is_file():
+            raise LaunchError(f"model path {model_path} has no config.json: not a Hugging Face model directory")
+        return
+    looks_local = model_path.startswith(("/", ".", "~")) or model_path.count("/") != 1
+    if looks_local:
+        raise LaunchError(f"model path {model_path} does not exist")
+
+
+def with_defaults(argv: list[str]) -> list[str]:
+    """SGLang argv with the project's defaults added where the user gave none."""
+    argv = list(argv)
+    if not _has_flag(argv, "--model-path", "--model"):
+        argv += ["--model-path", str(DEFAULT_MODEL_DIR)]
+    if not _has_flag(argv, "--page-size"):
+        argv += ["--page-size", str(DEFAULT_PAGE_SIZE)]
+    if not _has_flag(argv, "--kv-events-config"):
+        host = _flag_value(argv, "--host") or "127.0.0.1"
+        port = int(_flag_value(argv, "--port") or 30000)
+        dp = int(_flag_value(argv, "--dp-size", "--data-parallel-size", "--dp") or 1)
+        pub_host = "127.0.0.1" if host in ("127.0.0.1", "localhost") else "*"
+        base = _free_port_block(host, port + 1000, 2 * dp)
+        argv += ["--kv-events-config", json.dumps({
+            "publisher": "zmq", "bind": True, "topic": "kv",
+            "endpoint": f"tcp://{pub_host}:{base}", "replay_endpoint": f"tcp://{pub_host}:{base + dp}",
+        })]
+    return argv
+
+
+def preflight(argv: list[str]) -> None:
+    """Checks that need no SGLang import: model path, ports, KV-events config."""
+    check_model_path(_flag_value(argv, "--model-path", "--model") or "")
+    host = _flag_value(argv, "--host") or "127.0.0.1"
+    port_text = _flag_value(argv, "--port") or "30000"
+    if not port_text.isdigit() or not 0 < int(port_text) < 65536:
+        raise LaunchError(f"--port must be a TCP port number, got {port_text!r}")
+    if not _port_free(host, int(port_text)):
+        raise LaunchError(f"port {port_text} on {host} is already in use; pick another with --port")
+    page = _flag_value(argv, "--page-size")
+    if page is not None and (not page.isdigit() or int(page) < 1):
+        raise LaunchError(f"--page-size must be a positive integer, got {page!r}")
+    kv = _flag_value(argv, "--kv-events-config")
+    if kv is not None:
+        try:
+            cfg = json.loads(kv)
+        except json.JSONDecodeError as exc:
+            raise LaunchError(f"--kv-events-config is not valid JSON: {exc}") from None
+        if not isinstance(cfg, dict):
+            raise LaunchError("--kv-events-config must be a JSON object")
+        endpoint = str(cfg.get("endpoint", ""))
+        if cfg.get("publisher") == "zmq" and endpoint.startswith("tcp://") and cfg.get("bind") is not False:
+            ep_host, _, ep_port = endpoint[len("tcp://"):].rpartition(":")
+            if ep_port.isdigit() and not _port_free(ep_host, int(ep_port)):
+                raise LaunchError(f"KV-events endpoint {endpoint} is already in use")
+    if _has_flag(argv, "--disable-radix-cache"):
+        logger.warning("--disable-radix-cache: prefix caching is off, so no KV events and no prefix reuse")
+
+
+def apply_platform(argv: list[str]):
+    """Probe CUDA / sgl_kernel, make the CPU compatibility layer effective if needed, adjust argv."""
+    from sgl_moe import cpu_compat
+
+    plan = cpu_compat.probe()
+    argv = list(argv)
+    if plan.cpu_engine:
+        device = _flag_value(argv, "--device")
+        if device not in (None, "cpu"):
+            raise LaunchError(f"--device {device} was requested but no CUDA device is usable on this machine")
+        backend = _flag_value(argv, "--attention-backend")
+        if backend not in (None, "torch_native"):
+            raise LaunchError(f"--attention-backend {backend} is not available on CPU; use torch_native")
+        if _has_flag(argv, "--enable-cuda-graph"):
+            raise LaunchError("CUDA graphs need a CUDA device; drop the CUDA-graph flags on CPU")
+        if device is None:
+            argv += ["--device", "cpu"]
+        if backend is None:
+            argv += ["--attention-backend", "torch_native"]
+        if not _has_flag(argv, "--disable-cuda-graph"):
+            argv += ["--disable-cuda-graph"]
+        if not _has_flag(argv, "--dtype"):
+            # SGLang maps a float32 checkpoint to float16 under "auto"; on a CPU float32 is both the
+            # fast and the exact choice.
+            argv += ["--dtype", "float32"]
+        if not _has_flag(argv, "--max-total-tokens"):
+            argv += ["--max-total-tokens", str(CPU_DEFAULT_MAX_TOTAL_TOKENS)]
+        if not _has_flag(argv, "--mem-fraction-static"):
+            argv += ["--mem-fraction-static", str(CPU_DEFAULT_MEM_FRACTION)]
+    plan.apply()
+    logger.info("platform: %s", plan.reason)
+    return plan, argv
+
+
+def build_parser(with_sglang: bool) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m sgl_moe.launch_server", allow_abbrev=False,
+        description="SGLang server with sgl_moe's defaults (shipped model, page size 16, KV events on "
+                    "loopback, CPU engine when no GPU) and its --moe-* options.",
+    )
+    if with_sglang:
+        from sglang.srt.server_args import ServerArgs
+
+        ServerArgs.add_cli_args(parser.add_argument_group("SGLang server options"))
+    MoeArgs.add_cli_args(parser)
+    return parser
+
+
+def serve(argv: list[str], moe: MoeArgs, device: str) -> None:
+    """Import SGLang, add the sgl_moe routes to its app and run it (blocks until shutdown)."""
+    from sglang.launch_server import run_server
+    from sglang.srt.plugins import load_plugins
+    from sglang.srt.server_args import prepare_server_args
+    from sglang.srt.utils import kill_process_tree
+
+    from sgl_moe.worker_routes import install_routes
+
+    load_plugins()
+    server_args = prepare_server_args(argv)
+    install_routes(server_args, moe, device)
+    try:
+        run_server(server_args)
+    finally:
+        kill_process_tree(os.getpid(), include_parent=False)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    logging.basicConfig(level=logging.INFO, format="[%(asctime)s] %(name)s: %(message)s", datefmt="%H:%M:%S")
+    if "-h" in argv or "--help" in argv:
+        build_parser(with_sglang=True).print_help()
+        return 0
+    moe_parser = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
+    MoeArgs.add_cli_args(moe_parser)
+    try:
+        moe_ns, sglang_argv = moe_parser.parse_known_args(argv)
+        moe = MoeArgs.from_cli_args(moe_ns)
+        moe.validate()
+        sglang_argv = with_defaults(sglang_argv)
+        preflight(sglang_argv)
+        plan, sglang_argv = apply_platform(sglang_argv)
+    except (LaunchError, MoeArgsError) as exc:
+        print(f"sgl_moe.launch_server: error: {exc}", file=sys.stderr)
+        return 2
+    t0 = time.time()
+    logger.info("starting SGLang: %s", " ".join(sglang_argv))
+    serve(sglang_argv, moe, "cpu" if plan.cpu_engine else "cuda")
+    logger.info("server stopped after %.0f s", time.time() - t0)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

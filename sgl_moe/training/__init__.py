@@ -1,0 +1,1 @@
+"""Reproducible training of the shipped model: corpus, tokenizer, MoE language model, model card."""

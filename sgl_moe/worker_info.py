@@ -1,0 +1,82 @@
+"""``GET /sgl_moe/info``: everything a router needs to know about a worker, with no other configuration.
+
+Built once at launch from the server arguments and the model's ``config.json``; values SGLang
+resolves at start-up (page size, step size) are read when the first request arrives.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from sgl_moe import __version__
+from sgl_moe.flops import FlopsModel
+from sgl_moe.moe_args import MoeArgs
+
+INFO_PATH = "/sgl_moe/info"
+TOKENIZER_PATH = "/sgl_moe/tokenizer.json"
+
+
+def kv_event_endpoints(kv_events_config: str | None, dp_size: int) -> list[dict[str, Any]]:
+    """One publisher per data-parallel rank, on the configured port + rank (SGLang's own rule)."""
+    if not kv_events_config:
+        return []
+    cfg = json.loads(kv_events_config)
+    if cfg.get("publisher", "null") != "zmq":
+        return []
+
+    def offset(endpoint: str | None, rank: int) -> str | None:
+        if not endpoint:
+            return None
+        m = re.match(r"^(.*):(\d+)$", endpoint)
+        return f"{m.group(1)}:{int(m.group(2)) + rank}" if m else endpoint
+
+    return [{"dp_rank": r, "endpoint": offset(cfg.get("endpoint"), r),
+             "replay_endpoint": offset(cfg.get("replay_endpoint"), r), "topic": cfg.get("topic", "")}
+            for r in range(max(1, dp_size))]
+
+
+@dataclass(frozen=True)
+class SaturationThreshold:
+    flops: float
+    """Θ: in-flight FLOPs above which the router admits nothing more to this worker."""
+    source: str
+    """Where the value came from: manual, placeholder (later: calibrated)."""
+
+
+def saturation_threshold(flops: FlopsModel, step_tokens: int, moe: MoeArgs) -> SaturationThreshold:
+    """Θ until calibration exists: the FLOPs of one full prefill step (seed 000 App. B.4 fallback)."""
+    if moe.saturation_flops is not None:
+        return SaturationThreshold(moe.saturation_flops, "manual (--moe-saturation-flops)")
+    placeholder = flops.request_flops(0, step_tokens) * moe.saturation_margin
+    return SaturationThreshold(placeholder, f"placeholder: FLOPs of one {step_tokens}-token prefill step "
+                                            f"x margin {moe.saturation_margin} (not calibrated)")
+
+
+def build_info(*, model_name: str, model_path: str, tokenizer_path: str, hf_config: dict[str, Any],
+               page_size: int, step_tokens: int, dp_size: int, kv_events_config: str | None,
+               prefix_caching: bool, device: str, sglang_version: str, moe: MoeArgs) -> dict[str, Any]:
+    flops = FlopsModel.from_hf_config(hf_config)
+    theta = saturation_threshold(flops, step_tokens, moe)
+    tok_dir = Path(tokenizer_path)
+    return {
+        "sgl_moe_version": __version__,
+        "sglang_version": sglang_version,
+        "model_name": model_name,
+        "model_path": model_path,
+        "tokenizer": {
+            "path": tokenizer_path,
+            "tokenizer_json_url": TOKENIZER_PATH if (tok_dir / "tokenizer.json").is_file() else None,
+        },
+        "page_size": page_size,
+        "prefix_caching": prefix_caching,
+        "dp_size": dp_size,
+        "kv_events": kv_event_endpoints(kv_events_config, dp_size),
+        "flops": flops.to_dict(),
+        "saturation": {"flops": theta.flops, "source": theta.source, "step_tokens": step_tokens},
+        "device": device,
+        "moe_args": {k: getattr(moe, k) for k in moe.__dataclass_fields__},
+    }

@@ -1,0 +1,124 @@
+"""A worker started as a child process (``python -m sgl_moe.launch_server``): start, wait, stop.
+
+Used by the demo, the test fixtures and the benchmarks, so a worker is always started the same way.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+
+class WorkerStartError(RuntimeError):
+    """The worker exited or did not become ready; the message carries the end of its log."""
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+@dataclass
+class WorkerProcess:
+    log_path: Path
+    """Where the worker's stdout and stderr go."""
+    args: list[str] = field(default_factory=list)
+    """Extra launcher flags (SGLang's and --moe-*)."""
+    host: str = "127.0.0.1"
+    port: int = 0
+    """0: pick a free port."""
+    proc: subprocess.Popen | None = None
+    started_at: float = 0.0
+    ready_seconds: float | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    def start(self) -> "WorkerProcess":
+        if self.port == 0:
+            self.port = free_port(self.host)
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        log = open(self.log_path, "wb")
+        cmd = [sys.executable, "-m", "sgl_moe.launch_server", "--host", self.host, "--port", str(self.port), *self.args]
+        self.started_at = time.time()
+        # Its own process group, so stop() reaches SGLang's scheduler and detokenizer too.
+        self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                                     env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        log.close()
+        return self
+
+    def log_tail(self, lines: int = 25) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return "(no log)"
+
+    def wait_ready(self, timeout: float = 300.0, progress: Callable[[float], None] | None = None) -> dict[str, Any]:
+        """Block until the worker answers /health and /sgl_moe/info; return the info."""
+        assert self.proc is not None, "start() first"
+        deadline = time.time() + timeout
+        last_note = 0.0
+        with httpx.Client(timeout=5.0) as client:
+            while time.time() < deadline:
+                if self.proc.poll() is not None:
+                    raise WorkerStartError(f"worker exited with status {self.proc.returncode} during start-up; "
+                                           f"log {self.log_path}:\n{self.log_tail()}")
+                try:
+                    if client.get(f"{self.url}/health").status_code == 200:
+                        info = client.get(f"{self.url}/sgl_moe/info")
+                        if info.status_code == 200:
+                            self.ready_seconds = time.time() - self.started_at
+                            return info.json()
+                except httpx.TransportError:
+                    pass
+                if progress and time.time() - last_note >= 10:
+                    last_note = time.time()
+                    progress(time.time() - self.started_at)
+                time.sleep(0.5)
+        self.stop()
+        raise WorkerStartError(f"worker not ready after {timeout:.0f} s; log {self.log_path}:\n{self.log_tail()}")
+
+    def rss_bytes(self) -> int:
+        """Resident memory of the worker and all its children (SGLang runs three processes)."""
+        import psutil
+
+        if self.proc is None or self.proc.poll() is not None:
+            return 0
+        root = psutil.Process(self.proc.pid)
+        total = 0
+        for p in [root, *root.children(recursive=True)]:
+            try:
+                total += p.memory_info().rss
+            except psutil.NoSuchProcess:
+                pass
+        return total
+
+    def stop(self, grace: float = 20.0) -> None:
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        try:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            self.proc.wait(grace)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(10)
+        except ProcessLookupError:
+            pass
+
+    def __enter__(self) -> "WorkerProcess":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()

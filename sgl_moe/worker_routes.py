@@ -1,0 +1,56 @@
+"""The thin SGLang adapter for ``/sgl_moe/*`` endpoints: adds routes to SGLang's own FastAPI app."""
+
+from __future__ import annotations
+
+import importlib.metadata
+import json
+from pathlib import Path
+from typing import Any
+
+from sgl_moe.moe_args import MoeArgs
+from sgl_moe.worker_info import INFO_PATH, TOKENIZER_PATH, build_info
+
+
+def _hf_config(model_path: str) -> dict[str, Any]:
+    local = Path(model_path).expanduser() / "config.json"
+    if local.is_file():
+        return json.loads(local.read_text())
+    from transformers import AutoConfig
+
+    return AutoConfig.from_pretrained(model_path).to_dict()
+
+
+def install_routes(server_args, moe: MoeArgs, device: str) -> None:
+    """Register the routes; the info payload is built on first request, after SGLang resolved its args."""
+    from fastapi.responses import FileResponse, JSONResponse
+    from sglang.srt.arg_groups.overrides import resolving_view
+    from sglang.srt.entrypoints.http_server import app
+
+    hf_config = _hf_config(server_args.model_path)
+    cache: dict[str, Any] = {}
+
+    def info() -> dict[str, Any]:
+        if "info" not in cache:
+            a = resolving_view(server_args)  # values SGLang resolved at start-up (page size, step)
+            tokenizer_path = a.tokenizer_path or a.model_path
+            step = a.chunked_prefill_size if (a.chunked_prefill_size or 0) > 0 else a.max_prefill_tokens
+            cache["info"] = build_info(
+                model_name=a.served_model_name or a.model_path, model_path=str(a.model_path),
+                tokenizer_path=str(tokenizer_path), hf_config=hf_config, page_size=int(a.page_size or 1),
+                step_tokens=int(step), dp_size=int(a.dp_size or 1), kv_events_config=a.kv_events_config,
+                prefix_caching=not a.disable_radix_cache, device=device,
+                sglang_version=importlib.metadata.version("sglang"), moe=moe,
+            )
+        return cache["info"]
+
+    async def get_info() -> JSONResponse:
+        return JSONResponse(info())
+
+    async def get_tokenizer():
+        path = Path(info()["tokenizer"]["path"]) / "tokenizer.json"
+        if not path.is_file():
+            return JSONResponse({"error": "this worker's tokenizer has no tokenizer.json"}, status_code=404)
+        return FileResponse(path, media_type="application/json")
+
+    app.add_api_route(INFO_PATH, get_info, methods=["GET"])
+    app.add_api_route(TOKENIZER_PATH, get_tokenizer, methods=["GET"])

@@ -1,0 +1,25 @@
+"""The router runs in a light process: it must import neither torch nor sglang."""
+
+import subprocess
+import sys
+
+
+def test_router_imports_no_torch_or_sglang():
+    code = (
+        "import sys, pkgutil, importlib\n"
+        "import sgl_moe.router as r\n"
+        "for m in pkgutil.walk_packages(r.__path__, 'sgl_moe.router.'):\n"
+        "    if not m.name.endswith('__main__'):\n"
+        "        importlib.import_module(m.name)\n"
+        "heavy = sorted(n for n in sys.modules if n.split('.')[0] in ('torch', 'sglang', 'transformers'))\n"
+        "assert not heavy, heavy\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+
+
+def test_router_entry_point_says_it_is_not_available_yet():
+    result = subprocess.run([sys.executable, "-m", "sgl_moe.router", "--worker-urls", "http://127.0.0.1:1"],
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 2
+    assert "not implemented" in result.stderr

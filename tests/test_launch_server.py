@@ -1,0 +1,78 @@
+"""Launcher input handling: every bad input is one line on stderr and exit status 2, before SGLang starts."""
+
+import json
+import socket
+import subprocess
+import sys
+
+import pytest
+
+from sgl_moe import DEFAULT_MODEL_DIR
+from sgl_moe.launch_server import with_defaults
+
+
+def _launch(*args, timeout=120):
+    return subprocess.run([sys.executable, "-m", "sgl_moe.launch_server", *args], capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def _one_line_error(result, needle):
+    assert result.returncode == 2, result.stderr[-2000:]
+    lines = [line for line in result.stderr.splitlines() if line.startswith("sgl_moe.launch_server: error:")]
+    assert len(lines) == 1 and needle in lines[0], result.stderr[-2000:]
+    assert "Traceback" not in result.stderr
+
+
+def test_missing_model_path():
+    _one_line_error(_launch("--model-path", "/nonexistent/model"), "does not exist")
+
+
+def test_model_path_without_config(tmp_path):
+    _one_line_error(_launch("--model-path", str(tmp_path)), "no config.json")
+
+
+def test_port_in_use():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        _one_line_error(_launch("--port", str(port)), "already in use")
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["--moe-saturation-flops", "-5"], "--moe-saturation-flops must be positive"),
+    (["--moe-saturation-margin", "0.5"], "--moe-saturation-margin"),
+    (["--page-size", "0"], "--page-size must be a positive integer"),
+    (["--kv-events-config", "{not json"], "not valid JSON"),
+])
+def test_invalid_flag_values(args, needle):
+    _one_line_error(_launch(*args), needle)
+
+
+def test_incompatible_device_on_a_cpu_machine():
+    from sgl_moe import cpu_compat
+
+    if cpu_compat.cuda_usable():
+        pytest.skip("this machine has a CUDA device")
+    _one_line_error(_launch("--device", "cuda"), "no CUDA device is usable")
+
+
+def test_help_shows_sglang_and_moe_groups():
+    result = _launch("--help")
+    assert result.returncode == 0
+    assert "SGLang server options" in result.stdout and "--model-path" in result.stdout
+    assert "sgl_moe options (--moe-*)" in result.stdout and "--moe-saturation-flops" in result.stdout
+
+
+def test_defaults_serve_the_shipped_model_with_pages_and_bound_events():
+    argv = with_defaults([])
+    assert argv[argv.index("--model-path") + 1] == str(DEFAULT_MODEL_DIR)
+    assert argv[argv.index("--page-size") + 1] == "16"
+    kv = json.loads(argv[argv.index("--kv-events-config") + 1])
+    assert kv["publisher"] == "zmq" and kv["bind"] is True and kv["endpoint"].startswith("tcp://127.0.0.1:")
+
+
+def test_user_flags_win_over_defaults():
+    argv = with_defaults(["--page-size=32", "--model-path", "/m", "--kv-events-config", "{}"])
+    assert argv.count("--page-size") == 0 and "--page-size=32" in argv
+    assert argv.count("--kv-events-config") == 1 and argv.count("--model-path") == 1

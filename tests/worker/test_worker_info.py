@@ -1,0 +1,35 @@
+"""GET /sgl_moe/info from a real worker: what a router needs, with no other configuration."""
+
+import json
+
+import httpx
+import pytest
+
+from sgl_moe import DEFAULT_MODEL_DIR
+from sgl_moe.flops import FlopsModel
+
+pytestmark = pytest.mark.worker
+
+
+def test_info_describes_the_worker(worker):
+    info = worker.info
+    assert info["model_path"] == str(DEFAULT_MODEL_DIR)
+    assert info["page_size"] == 16 and info["prefix_caching"] is True
+    [events] = info["kv_events"]
+    assert events["endpoint"].startswith("tcp://127.0.0.1:") and events["topic"] == "kv"
+    assert events["replay_endpoint"].startswith("tcp://127.0.0.1:")
+    config = json.loads((DEFAULT_MODEL_DIR / "config.json").read_text())
+    assert FlopsModel.from_dict(info["flops"]) == FlopsModel.from_hf_config(config)
+    # Placeholder Θ: one full prefill step of the size SGLang resolved at start-up.
+    sat = info["saturation"]
+    assert sat["flops"] == pytest.approx(FlopsModel.from_hf_config(config).request_flops(0, sat["step_tokens"]))
+    assert "placeholder" in sat["source"]
+
+
+def test_tokenizer_is_served_byte_for_byte(worker):
+    body = httpx.get(f"{worker.url}/sgl_moe/tokenizer.json", timeout=30).content
+    assert body == (DEFAULT_MODEL_DIR / "tokenizer.json").read_bytes()
+
+
+def test_worker_memory_is_reported(worker):
+    assert worker.rss_bytes() > 0
