@@ -21,10 +21,11 @@ from sgl_moe.worker_process import WorkerProcess, WorkerStartError
 
 SHARED_PREFIX = '"""Utilities for working with files and paths."""\n\nimport os\nimport sys\n\n\n'
 EXAMPLES: list[tuple[str, list[str]]] = [
+    # (prompt, candidate labels); a label is one token, with its leading space where the text has one.
     ("class Reader:\n    def __init__(", ["self", "cls", "path"]),
-    ("def main():\n    for i in range(10):\n        print(", ["i", "self", "cls"]),
-    ("def exists(path):\n    return os.path.", ["exists", "self", "print"]),
-    ("if __name__ == '__main__':\n    ", ["main", "self", "return"]),
+    ("try:\n    import zlib\nexcept", [" ImportError", " ValueError", " OSError"]),
+    ("def drain():\n    for line in sys.stdin:\n        sys.stdout.", ["write", "flush", "read"]),
+    ("x = None\nif x is", [" None", " True", " not"]),
 ]
 
 
@@ -61,15 +62,16 @@ def run_demo(url: str, info: dict) -> None:
               f"(one /v1/score call, {time.time() - t0:.2f} s):")
         for (prompt, labels), probs in zip(EXAMPLES, scores):
             best = max(range(len(labels)), key=lambda i: probs[i])
-            shown = "  ".join(f"{label}={p:.3f}" for label, p in zip(labels, probs))
-            print(f"  {prompt.splitlines()[-1].strip()!r:<36} -> {labels[best]:<7} ({shown})")
+            shown = "  ".join(f"{label.strip()}={p:.3f}" for label, p in zip(labels, probs))
+            print(f"  ...{prompt.splitlines()[-1].strip()!r:<28} -> {labels[best].strip():<12} ({shown})")
 
-        print("\nprefix cache: the same classification request twice through /generate:")
-        body = {"text": SHARED_PREFIX + EXAMPLES[0][0], "sampling_params": {"max_new_tokens": 1, "temperature": 0},
-                "return_logprob": True, "top_logprobs_num": 1}
-        for attempt in (1, 2):
+        print("\nprefix cache: a new prompt with the same file header, sent twice through /generate:")
+        body = {"text": SHARED_PREFIX + "def size(path):\n    return os.stat(path).st_size\n",
+                "sampling_params": {"max_new_tokens": 1, "temperature": 0}}
+        for attempt in ("first time ", "second time"):
             meta = client.post("/generate", json=body).json()["meta_info"]
-            print(f"  request {attempt}: {meta['prompt_tokens']} prompt tokens, {meta['cached_tokens']} from cache")
+            print(f"  {attempt}: {meta['prompt_tokens']} prompt tokens, {meta['cached_tokens']} served from the "
+                  f"prefix cache (page size {info['page_size']})")
 
 
 def main(argv: list[str] | None = None) -> int:

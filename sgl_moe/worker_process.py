@@ -38,6 +38,8 @@ class WorkerProcess:
     host: str = "127.0.0.1"
     port: int = 0
     """0: pick a free port."""
+    env: dict[str, str] = field(default_factory=dict)
+    """Extra environment variables for the worker."""
     proc: subprocess.Popen | None = None
     started_at: float = 0.0
     ready_seconds: float | None = None
@@ -55,7 +57,7 @@ class WorkerProcess:
         self.started_at = time.time()
         # Its own process group, so stop() reaches SGLang's scheduler and detokenizer too.
         self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-                                     env={**os.environ, "PYTHONUNBUFFERED": "1"})
+                                     env={**os.environ, "PYTHONUNBUFFERED": "1", **self.env})
         log.close()
         return self
 

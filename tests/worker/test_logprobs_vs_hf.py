@@ -1,10 +1,11 @@
 """Next-token logprobs of the SGLang CPU worker agree with HF transformers on the same weights.
 
-Tolerance: 2e-3 absolute on each of the top-10 logprobs, and the same top-1 token. Both engines
+Tolerance: 1e-4 absolute on each of the top-10 logprobs, and the same top-1 token. Both engines
 compute in float32 from identical (bf16-stored, losslessly widened) weights; they differ only in
-summation order (SGLang's torch-native paged attention and its MoE path vs HF's eager modules), which
-moves float32 logits by ~1e-5 relative. 2e-3 is far below any difference a wrong kernel, wrong
-routing (top-k choice) or wrong position would make (those move logprobs by >0.1).
+summation order (SGLang's torch-native paged attention and its MoE path vs HF's eager modules).
+Measured on the 2-core CPU: 4.9e-6 at worst, so 1e-4 leaves a 20x margin for float32 reordering
+while staying far below what a wrong kernel, a flipped top-k expert choice or a wrong position does
+(those move logprobs by 1e-2 and more).
 """
 
 import httpx
@@ -14,7 +15,7 @@ from sgl_moe import DEFAULT_MODEL_DIR
 
 pytestmark = pytest.mark.worker
 
-TOLERANCE = 2e-3
+TOLERANCE = 1e-4
 TOP_N = 10
 
 
