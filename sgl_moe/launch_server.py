@@ -32,6 +32,21 @@ class LaunchError(Exception):
     """Bad input detected before SGLang starts; printed as one line."""
 
 
+POSITIVE_INT_FLAGS: tuple[tuple[str, ...], ...] = (
+    ("--tp-size", "--tensor-parallel-size"), ("--dp-size", "--data-parallel-size"),
+    ("--pp-size", "--pipeline-parallel-size"), ("--ep-size", "--expert-parallel-size"),
+    ("--max-running-requests",), ("--max-total-tokens",), ("--max-prefill-tokens",), ("--context-length",),
+)
+"""Sizes SGLang 0.5.23 accepts unchecked and then crashes (tp 0) or hangs (max-running-requests -3) on."""
+
+
+class _OneLineArgumentParser(argparse.ArgumentParser):
+    """Argparse errors become LaunchError (one line) instead of a usage dump of SGLang's ~400 flags."""
+
+    def error(self, message: str):
+        raise LaunchError(f"{message} (see --help)")
+
+
 def _flag_value(argv: list[str], *names: str) -> str | None:
     """The value given for a flag (``--f v`` or ``--f=v``); None if absent. Last occurrence wins."""
     value = None
@@ -109,6 +124,10 @@ def preflight(argv: list[str]) -> None:
         raise LaunchError(f"--port must be a TCP port number, got {port_text!r}")
     if not _port_free(host, int(port_text)):
         raise LaunchError(f"port {port_text} on {host} is already in use; pick another with --port")
+    for names in POSITIVE_INT_FLAGS:
+        value = _flag_value(argv, *names)
+        if value is not None and not (value.isdigit() and int(value) >= 1):
+            raise LaunchError(f"{names[0]} must be a positive integer, got {value!r}")
     page = _flag_value(argv, "--page-size")
     if page is not None and (not page.isdigit() or int(page) < 1):
         raise LaunchError(f"--page-size must be a positive integer, got {page!r}")
@@ -164,31 +183,42 @@ def apply_platform(argv: list[str]):
 
 
 def build_parser(with_sglang: bool) -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _OneLineArgumentParser(
         prog="python -m sgl_moe.launch_server", allow_abbrev=False,
         description="SGLang server with sgl_moe's defaults (shipped model, page size 16, KV events on "
                     "loopback, CPU engine when no GPU) and its --moe-* options.",
     )
     if with_sglang:
+        from sglang.srt.plugins import load_plugins
         from sglang.srt.server_args import ServerArgs
+
+        load_plugins()  # plugins may add server flags (in every SGLang process, as SGLang's own launcher does)
 
         ServerArgs.add_cli_args(parser.add_argument_group("SGLang server options"))
     MoeArgs.add_cli_args(parser)
     return parser
 
 
-def serve(argv: list[str], moe: MoeArgs, device: str) -> None:
-    """Import SGLang, add the sgl_moe routes to its app and run it (blocks until shutdown)."""
-    from sglang.launch_server import run_server
-    from sglang.srt.plugins import load_plugins
+def prepare(argv: list[str], moe: MoeArgs, device: str):
+    """Import SGLang, let it parse and check its arguments, and add the sgl_moe routes to its app."""
     from sglang.srt.server_args import prepare_server_args
-    from sglang.srt.utils import kill_process_tree
 
     from sgl_moe.worker_routes import install_routes
 
-    load_plugins()
-    server_args = prepare_server_args(argv)
+    build_parser(with_sglang=True).parse_args(argv)  # unknown flags and bad values: one line, before SGLang
+    try:
+        server_args = prepare_server_args(argv)
+    except (ValueError, AssertionError, TypeError) as exc:
+        raise LaunchError(f"SGLang rejected the arguments: {str(exc).strip().splitlines()[0]}") from None
     install_routes(server_args, moe, device)
+    return server_args
+
+
+def serve(server_args) -> None:
+    """Run SGLang's HTTP server (blocks until shutdown), then make sure its child processes are gone."""
+    from sglang.launch_server import run_server
+    from sglang.srt.utils import kill_process_tree
+
     try:
         run_server(server_args)
     finally:
@@ -210,12 +240,13 @@ def main(argv: list[str] | None = None) -> int:
         sglang_argv = with_defaults(sglang_argv)
         preflight(sglang_argv)
         plan, sglang_argv = apply_platform(sglang_argv)
+        logger.info("starting SGLang: %s", " ".join(sglang_argv))
+        server_args = prepare(sglang_argv, moe, "cpu" if plan.cpu_engine else "cuda")
     except (LaunchError, MoeArgsError) as exc:
         print(f"sgl_moe.launch_server: error: {exc}", file=sys.stderr)
         return 2
     t0 = time.time()
-    logger.info("starting SGLang: %s", " ".join(sglang_argv))
-    serve(sglang_argv, moe, "cpu" if plan.cpu_engine else "cuda")
+    serve(server_args)
     logger.info("server stopped after %.0f s", time.time() - t0)
     return 0
 

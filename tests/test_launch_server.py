@@ -44,9 +44,15 @@ def test_port_in_use():
     (["--moe-saturation-margin", "0.5"], "--moe-saturation-margin"),
     (["--page-size", "0"], "--page-size must be a positive integer"),
     (["--kv-events-config", "{not json"], "not valid JSON"),
+    (["--tp-size", "0"], "--tp-size must be a positive integer"),
+    (["--max-running-requests", "-3"], "--max-running-requests must be a positive integer"),
 ])
 def test_invalid_flag_values(args, needle):
     _one_line_error(_launch(*args), needle)
+
+
+def test_unknown_flag_is_one_line_not_a_usage_dump():
+    _one_line_error(_launch("--no-such-flag"), "unrecognized arguments: --no-such-flag")
 
 
 def test_incompatible_device_on_a_cpu_machine():
