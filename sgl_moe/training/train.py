@@ -73,7 +73,12 @@ def tokenize_docs(tokenizer, docs: list[str], eos_id: int) -> list[int]:
     return stream
 
 
-def train(out_dir: Path, cfg: TrainConfig) -> None:
+def train(out_dir: Path, cfg: TrainConfig, stop_after: int | None = None) -> list[dict]:
+    """Train and save to ``out_dir``; returns the loss log.
+
+    ``stop_after``: stop after that step without saving the model (reproducibility checks): the
+    schedule still follows ``cfg.steps``, so the losses equal those of the full run.
+    """
     import torch
     from tokenizers import Tokenizer
     from transformers import Qwen3MoeForCausalLM
@@ -129,6 +134,8 @@ def train(out_dir: Path, cfg: TrainConfig) -> None:
             log.append(rec)
             print(f"step {step:5d}/{cfg.steps}  lm_loss {rec['lm_loss']:.3f}  aux {rec['aux_loss']:.3f}  "
                   f"{rec['tok_per_s']} tok/s  {elapsed:.0f} s", flush=True)
+        if stop_after is not None and step >= stop_after:
+            return log
     train_seconds = time.time() - t_train
 
     model.config.output_router_logits = False
@@ -147,6 +154,7 @@ def train(out_dir: Path, cfg: TrainConfig) -> None:
         "log": log,
     }, indent=2) + "\n")
     print(f"saved to {out_dir} (training {train_seconds:.0f} s, total {time.time() - t_start:.0f} s)", flush=True)
+    return log
 
 
 def main(argv: list[str] | None = None) -> None:
