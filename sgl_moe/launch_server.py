@@ -36,6 +36,7 @@ POSITIVE_INT_FLAGS: tuple[tuple[str, ...], ...] = (
     ("--tp-size", "--tensor-parallel-size"), ("--dp-size", "--data-parallel-size"),
     ("--pp-size", "--pipeline-parallel-size"), ("--ep-size", "--expert-parallel-size"),
     ("--max-running-requests",), ("--max-total-tokens",), ("--max-prefill-tokens",), ("--context-length",),
+    ("--page-size",),
 )
 """Sizes SGLang 0.5.23 accepts unchecked and then crashes (tp 0) or hangs (max-running-requests -3) on."""
 
@@ -105,7 +106,7 @@ def with_defaults(argv: list[str]) -> list[str]:
     if not _has_flag(argv, "--kv-events-config"):
         host = _flag_value(argv, "--host") or "127.0.0.1"
         port = int(_flag_value(argv, "--port") or 30000)
-        dp = int(_flag_value(argv, "--dp-size", "--data-parallel-size", "--dp") or 1)
+        dp = int(_flag_value(argv, "--dp-size", "--data-parallel-size") or 1)
         pub_host = "127.0.0.1" if host in ("127.0.0.1", "localhost") else "*"
         base = _free_port_block(host, port + 1000, 2 * dp)
         argv += ["--kv-events-config", json.dumps({
@@ -115,22 +116,24 @@ def with_defaults(argv: list[str]) -> list[str]:
     return argv
 
 
-def preflight(argv: list[str]) -> None:
-    """Checks that need no SGLang import: model path, ports, KV-events config."""
-    check_model_path(_flag_value(argv, "--model-path", "--model") or "")
-    host = _flag_value(argv, "--host") or "127.0.0.1"
+def check_values(argv: list[str]) -> None:
+    """Syntax of the values the launcher itself reads (before it derives defaults from them)."""
     port_text = _flag_value(argv, "--port") or "30000"
     if not port_text.isdigit() or not 0 < int(port_text) < 65536:
         raise LaunchError(f"--port must be a TCP port number, got {port_text!r}")
-    if not _port_free(host, int(port_text)):
-        raise LaunchError(f"port {port_text} on {host} is already in use; pick another with --port")
     for names in POSITIVE_INT_FLAGS:
         value = _flag_value(argv, *names)
         if value is not None and not (value.isdigit() and int(value) >= 1):
             raise LaunchError(f"{names[0]} must be a positive integer, got {value!r}")
-    page = _flag_value(argv, "--page-size")
-    if page is not None and (not page.isdigit() or int(page) < 1):
-        raise LaunchError(f"--page-size must be a positive integer, got {page!r}")
+
+
+def preflight(argv: list[str]) -> None:
+    """Checks against this machine that need no SGLang import: model path, ports, KV-events config."""
+    check_model_path(_flag_value(argv, "--model-path", "--model") or "")
+    host = _flag_value(argv, "--host") or "127.0.0.1"
+    port = _flag_value(argv, "--port") or "30000"
+    if not _port_free(host, int(port)):
+        raise LaunchError(f"port {port} on {host} is already in use; pick another with --port")
     kv = _flag_value(argv, "--kv-events-config")
     if kv is not None:
         try:
@@ -231,12 +234,13 @@ def main(argv: list[str] | None = None) -> int:
     if "-h" in argv or "--help" in argv:
         build_parser(with_sglang=True).print_help()
         return 0
-    moe_parser = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
+    moe_parser = _OneLineArgumentParser(add_help=False, allow_abbrev=False)
     MoeArgs.add_cli_args(moe_parser)
     try:
         moe_ns, sglang_argv = moe_parser.parse_known_args(argv)
         moe = MoeArgs.from_cli_args(moe_ns)
         moe.validate()
+        check_values(sglang_argv)
         sglang_argv = with_defaults(sglang_argv)
         preflight(sglang_argv)
         plan, sglang_argv = apply_platform(sglang_argv)

@@ -42,9 +42,12 @@ def test_port_in_use():
 @pytest.mark.parametrize("args,needle", [
     (["--moe-saturation-flops", "-5"], "--moe-saturation-flops must be positive"),
     (["--moe-saturation-margin", "0.5"], "--moe-saturation-margin"),
+    (["--moe-saturation-flops", "lots"], "invalid float value: 'lots'"),
     (["--page-size", "0"], "--page-size must be a positive integer"),
     (["--kv-events-config", "{not json"], "not valid JSON"),
     (["--tp-size", "0"], "--tp-size must be a positive integer"),
+    (["--port", "abc"], "--port must be a TCP port number"),
+    (["--dp-size", "two"], "--dp-size must be a positive integer"),
     (["--max-running-requests", "-3"], "--max-running-requests must be a positive integer"),
 ])
 def test_invalid_flag_values(args, needle):
