@@ -158,20 +158,20 @@ def apply_platform(argv: list[str]):
     plan = cpu_compat.probe()
     argv = list(argv)
     if plan.cpu_engine:
-        device = _flag_value(argv, "--device")
-        if device not in (None, "cpu"):
-            raise LaunchError(f"--device {device} was requested but no CUDA device is usable on this machine")
-        backend = _flag_value(argv, "--attention-backend")
-        if backend not in (None, "torch_native"):
-            raise LaunchError(f"--attention-backend {backend} is not available on CPU; use torch_native")
-        if _has_flag(argv, "--enable-cuda-graph"):
-            raise LaunchError("CUDA graphs need a CUDA device; drop the CUDA-graph flags on CPU")
-        if device is None:
-            argv += ["--device", "cpu"]
-        if backend is None:
-            argv += ["--attention-backend", "torch_native"]
-        if not _has_flag(argv, "--disable-cuda-graph"):
-            argv += ["--disable-cuda-graph"]
+        # What the CPU engine requires (from the plan): refuse a conflicting choice, else add it.
+        for dest, value in plan.required_server_args.items():
+            flag = "--" + dest.replace("_", "-")
+            if value is True:
+                if not _has_flag(argv, flag):
+                    argv.append(flag)
+                continue
+            given = _flag_value(argv, flag)
+            if given is None:
+                argv += [flag, str(value)]
+            elif given != str(value):
+                raise LaunchError(f"{flag} {given} was requested but no CUDA device is usable on this machine; "
+                                  f"the CPU engine needs {flag} {value}")
+        # Defaults the user may override.
         if not _has_flag(argv, "--dtype"):
             # SGLang maps a float32 checkpoint to float16 under "auto"; on a CPU float32 is both the
             # fast and the exact choice.

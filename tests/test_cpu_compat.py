@@ -12,13 +12,13 @@ from sgl_moe import cpu_compat
 
 def test_decide_with_cuda_changes_nothing():
     plan = cpu_compat.decide(cuda_usable=True, kernel_import_error=None)
-    assert not plan.active and not plan.stand_in_kernel and plan.server_defaults == {}
+    assert not plan.active and not plan.stand_in_kernel and plan.required_server_args == {}
 
 
 def test_decide_without_cuda_and_broken_kernel_uses_stand_in():
     plan = cpu_compat.decide(cuda_usable=False, kernel_import_error="ImportError: libcuda.so.1")
     assert plan.cpu_engine and plan.stand_in_kernel
-    assert plan.server_defaults == {"device": "cpu", "attention_backend": "torch_native", "disable_cuda_graph": True}
+    assert plan.required_server_args == {"device": "cpu", "attention_backend": "torch_native", "disable_cuda_graph": True}
 
 
 def test_decide_without_cuda_but_working_kernel_never_shadows_it():

@@ -26,12 +26,12 @@ STUB_DIR = Path(__file__).resolve().parent / "stub"
 
 CPU_ENGINE_ENV = "SGLANG_USE_CPU_ENGINE"
 
-CPU_SERVER_DEFAULTS: dict[str, object] = {
+CPU_REQUIRED_SERVER_ARGS: dict[str, object] = {
     "device": "cpu",
     "attention_backend": "torch_native",
     "disable_cuda_graph": True,
 }
-"""SGLang server arguments the CPU path needs (ServerArgs field -> value)."""
+"""SGLang server arguments the CPU engine requires (ServerArgs field -> value); the launcher refuses others."""
 
 
 @dataclass(frozen=True)
@@ -44,7 +44,7 @@ class CompatPlan:
     """The real ``sgl_kernel`` does not import: put the stand-in first on the path."""
     reason: str
     """Why, for the logs."""
-    server_defaults: dict[str, object] = field(default_factory=dict)
+    required_server_args: dict[str, object] = field(default_factory=dict)
 
     @property
     def active(self) -> bool:
@@ -77,11 +77,11 @@ def decide(cuda_usable: bool, kernel_import_error: str | None) -> CompatPlan:
     if kernel_import_error is None:
         return CompatPlan(
             True, False, "no usable CUDA device; the real sgl_kernel imports, so it is used as is",
-            dict(CPU_SERVER_DEFAULTS),
+            dict(CPU_REQUIRED_SERVER_ARGS),
         )
     return CompatPlan(
         True, True, f"no usable CUDA device and sgl_kernel fails to import ({kernel_import_error}); "
-        "using the stand-in", dict(CPU_SERVER_DEFAULTS),
+        "using the stand-in", dict(CPU_REQUIRED_SERVER_ARGS),
     )
 
 
