@@ -57,12 +57,10 @@ def measure(model_dir: Path, max_heldout_tokens: int = 200_000, max_fit_tokens: 
     unigram_logp = torch.log(counts / counts.sum())
     seq_len = 512
     held_choices, nll, n = _router_choices(model, heldout_stream, seq_len, max_heldout_tokens)
-    targets = torch.tensor(heldout_stream[1 : n + 1])
     # The unigram baseline is scored on exactly the tokens the model predicted.
     n_windows = n // seq_len
     tgt = torch.cat([torch.tensor(heldout_stream[w * seq_len + 1 : (w + 1) * seq_len + 1]) for w in range(n_windows)])
     unigram_nll = -unigram_logp[tgt].sum().item()
-    del targets
 
     # Successor tables are fit on training tokens (a sample from the start of the stream).
     fit_choices, _, _ = _router_choices(model, train_stream, seq_len, max_fit_tokens)

@@ -36,10 +36,6 @@ class MissingKernel:
     def __init__(self, qualname: str):
         object.__setattr__(self, "_qualname", qualname)
 
-    @property
-    def sgl_moe_missing_kernel(self) -> str:
-        return self._qualname
-
     def __getattr__(self, name: str):
         if name.startswith("__") and name.endswith("__"):
             raise AttributeError(name)
