@@ -18,6 +18,7 @@ from sgl_moe.moe_args import MoeArgs
 
 INFO_PATH = "/sgl_moe/info"
 TOKENIZER_PATH = "/sgl_moe/tokenizer.json"
+TOKENIZER_CONFIG_PATH = "/sgl_moe/tokenizer_config.json"
 
 
 def kv_event_endpoints(kv_events_config: str | None, dp_size: int) -> list[dict[str, Any]]:
@@ -57,20 +58,24 @@ def saturation_threshold(flops: FlopsModel, step_tokens: int, moe: MoeArgs) -> S
 
 
 def build_info(*, model_name: str, model_path: str, tokenizer_path: str, hf_config: dict[str, Any],
-               page_size: int, step_tokens: int, dp_size: int, kv_events_config: str | None,
+               instance_id: str, context_length: int, page_size: int, step_tokens: int, dp_size: int, kv_events_config: str | None,
                prefix_caching: bool, device: str, sglang_version: str, moe: MoeArgs) -> dict[str, Any]:
     flops = FlopsModel.from_hf_config(hf_config)
     theta = saturation_threshold(flops, step_tokens, moe)
     tok_dir = Path(tokenizer_path)
     return {
         "sgl_moe_version": __version__,
+        "instance_id": instance_id,
         "sglang_version": sglang_version,
         "model_name": model_name,
         "model_path": model_path,
         "tokenizer": {
             "path": tokenizer_path,
             "tokenizer_json_url": TOKENIZER_PATH if (tok_dir / "tokenizer.json").is_file() else None,
+            "tokenizer_config_url": TOKENIZER_CONFIG_PATH if (tok_dir / "tokenizer_config.json").is_file()
+            else None,
         },
+        "context_length": context_length,
         "page_size": page_size,
         "prefix_caching": prefix_caching,
         "dp_size": dp_size,

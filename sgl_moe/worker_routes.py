@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import importlib.metadata
 import json
+import uuid
 from pathlib import Path
 from typing import Any
 
 from sgl_moe.moe_args import MoeArgs
-from sgl_moe.worker_info import INFO_PATH, TOKENIZER_PATH, build_info
+from sgl_moe.worker_info import INFO_PATH, TOKENIZER_CONFIG_PATH, TOKENIZER_PATH, build_info
 
 
 def _hf_config(model_path: str) -> dict[str, Any]:
@@ -20,6 +21,14 @@ def _hf_config(model_path: str) -> dict[str, Any]:
     return AutoConfig.from_pretrained(model_path).to_dict()
 
 
+def _context_length(resolved: int | None, hf_config: dict[str, Any]) -> int:
+    """The longest prompt the worker accepts: SGLang's --context-length, else the model's own limit."""
+    if resolved:
+        return int(resolved)
+    cfg = hf_config.get("text_config", hf_config)
+    return int(cfg.get("max_position_embeddings") or 0)
+
+
 def install_routes(server_args, moe: MoeArgs, device: str) -> None:
     """Register the routes; the info payload is built on first request, after SGLang resolved its args."""
     from fastapi.responses import FileResponse, JSONResponse
@@ -28,6 +37,8 @@ def install_routes(server_args, moe: MoeArgs, device: str) -> None:
 
     hf_config = _hf_config(server_args.model_path)
     cache: dict[str, Any] = {}
+    # New on every start: a router that sees it change knows the worker restarted with an empty cache.
+    instance_id = uuid.uuid4().hex
 
     def info() -> dict[str, Any]:
         if "info" not in cache:
@@ -36,7 +47,8 @@ def install_routes(server_args, moe: MoeArgs, device: str) -> None:
             step = a.chunked_prefill_size if (a.chunked_prefill_size or 0) > 0 else a.max_prefill_tokens
             cache["info"] = build_info(
                 model_name=a.served_model_name or a.model_path, model_path=str(a.model_path),
-                tokenizer_path=str(tokenizer_path), hf_config=hf_config, page_size=int(a.page_size or 1),
+                tokenizer_path=str(tokenizer_path), hf_config=hf_config, instance_id=instance_id,
+                context_length=_context_length(a.context_length, hf_config), page_size=int(a.page_size or 1),
                 step_tokens=int(step), dp_size=int(a.dp_size or 1), kv_events_config=a.kv_events_config,
                 prefix_caching=not a.disable_radix_cache, device=device,
                 sglang_version=importlib.metadata.version("sglang"), moe=moe,
@@ -46,11 +58,14 @@ def install_routes(server_args, moe: MoeArgs, device: str) -> None:
     async def get_info() -> JSONResponse:
         return JSONResponse(info())
 
-    async def get_tokenizer():
-        path = Path(info()["tokenizer"]["path"]) / "tokenizer.json"
-        if not path.is_file():
-            return JSONResponse({"error": "this worker's tokenizer has no tokenizer.json"}, status_code=404)
-        return FileResponse(path, media_type="application/json")
+    def tokenizer_file(name: str):
+        async def get_file():
+            path = Path(info()["tokenizer"]["path"]) / name
+            if not path.is_file():
+                return JSONResponse({"error": f"this worker's tokenizer has no {name}"}, status_code=404)
+            return FileResponse(path, media_type="application/json")
+        return get_file
 
     app.add_api_route(INFO_PATH, get_info, methods=["GET"])
-    app.add_api_route(TOKENIZER_PATH, get_tokenizer, methods=["GET"])
+    app.add_api_route(TOKENIZER_PATH, tokenizer_file("tokenizer.json"), methods=["GET"])
+    app.add_api_route(TOKENIZER_CONFIG_PATH, tokenizer_file("tokenizer_config.json"), methods=["GET"])

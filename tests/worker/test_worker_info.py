@@ -24,11 +24,15 @@ def test_info_describes_the_worker(worker):
     sat = info["saturation"]
     assert sat["flops"] == pytest.approx(FlopsModel.from_hf_config(config).request_flops(0, sat["step_tokens"]))
     assert "placeholder" in sat["source"]
+    assert info["context_length"] == config["max_position_embeddings"]
+    assert len(info["instance_id"]) == 32
 
 
 def test_tokenizer_is_served_byte_for_byte(worker):
     body = httpx.get(f"{worker.url}/sgl_moe/tokenizer.json", timeout=30).content
     assert body == (DEFAULT_MODEL_DIR / "tokenizer.json").read_bytes()
+    body = httpx.get(f"{worker.url}/sgl_moe/tokenizer_config.json", timeout=30).content
+    assert body == (DEFAULT_MODEL_DIR / "tokenizer_config.json").read_bytes()
 
 
 def test_worker_memory_is_reported(worker):
