@@ -3,14 +3,20 @@
 SGLang (``sglang/srt/mem_cache/utils.py``) hashes each *full* page of ``page_size`` token ids:
 SHA-256 over the previous page's full 32-byte digest (absent for the first page) followed by each
 token id as uint32 little-endian. KV events carry the first 8 digest bytes read as a signed
-big-endian int64. Requests with LoRA, ``cache_salt`` or ``extra_key`` use namespaced hashes that
-this function does not produce; callers must not claim affinity for them.
+big-endian int64.
+
+Namespaces (``sglang/srt/mem_cache/utils.py: compute_node_event_hash_values``): the hashes SGLang
+*publishes* for a request with ``cache_salt`` start their chain from
+``sha256(b"sglang-cache-salt-v1\0" + salt)`` instead of nothing (``salt_seed`` below). ``extra_key``
+(and LoRA, which SGLang appends to ``extra_key``) is left out of published hashes, so such blocks are
+indistinguishable from plain ones in events; callers must not claim affinity for those requests.
 """
 
 from __future__ import annotations
 
+import array
 import hashlib
-import struct
+import sys
 from collections.abc import Sequence
 from typing import NewType
 
@@ -18,18 +24,27 @@ BlockHash = NewType("BlockHash", int)
 """A page hash as SGLang reports it in KV events: signed 64-bit."""
 
 
-def block_hashes(token_ids: Sequence[int], page_size: int) -> list[BlockHash]:
-    """Hashes of every full page of ``token_ids``, in order; a trailing partial page is not hashed."""
+def salt_seed(cache_salt: str) -> bytes:
+    """The digest SGLang chains a ``cache_salt`` request's first page onto in its KV events."""
+    return hashlib.sha256(b"sglang-cache-salt-v1\0" + cache_salt.encode("utf-8")).digest()
+
+
+def block_hashes(token_ids: Sequence[int], page_size: int, seed: bytes | None = None) -> list[BlockHash]:
+    """Hashes of every full page of ``token_ids``, in order; a trailing partial page is not hashed.
+
+    ``seed``: digest the first page chains onto (``salt_seed(cache_salt)``); ``None`` for plain requests.
+    """
     if page_size <= 0:
         raise ValueError(f"page_size must be positive, got {page_size}")
-    pack = struct.Struct(f"<{page_size}I").pack
+    tokens = array.array("I", token_ids)  # uint32; OverflowError for ids outside it, as in SGLang
+    if sys.byteorder != "little":
+        tokens.byteswap()
+    data = tokens.tobytes()
+    step = page_size * 4
+    sha256, to_int = hashlib.sha256, int.from_bytes
+    parent = seed or b""
     hashes: list[BlockHash] = []
-    parent: bytes | None = None
-    for start in range(0, len(token_ids) - page_size + 1, page_size):
-        h = hashlib.sha256()
-        if parent is not None:
-            h.update(parent)
-        h.update(pack(*token_ids[start : start + page_size]))
-        parent = h.digest()
-        hashes.append(BlockHash(int.from_bytes(parent[:8], "big", signed=True)))
+    for offset in range(0, (len(token_ids) // page_size) * step, step):
+        parent = sha256(parent + data[offset : offset + step]).digest()
+        hashes.append(BlockHash(to_int(parent[:8], "big", signed=True)))
     return hashes

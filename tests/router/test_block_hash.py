@@ -39,3 +39,21 @@ def test_matches_sglang_implementation():
 def test_rejects_bad_page_size():
     with pytest.raises(ValueError):
         block_hashes([1, 2], 0)
+
+
+def test_cache_salt_namespace_matches_sglang_event_hashes():
+    utils = pytest.importorskip("sglang.srt.mem_cache.utils")
+    from types import SimpleNamespace
+
+    from sgl_moe.router.block_hash import salt_seed
+
+    tokens = list(range(7, 7 + 16 * 3))
+
+    class Key(list):
+        extra_key = None
+        cache_salt = "tenant-a"
+
+    node = SimpleNamespace(key=Key(tokens), parent=None, event_hash_value=None)
+    expected = [utils.hash_str_to_int64(h) for h in utils.compute_node_event_hash_values(node, 16)]
+    assert block_hashes(tokens, 16, seed=salt_seed("tenant-a")) == expected
+    assert expected != block_hashes(tokens, 16)
