@@ -1,28 +1,34 @@
-"""``python -m sgl_moe.router``: the front router.
-
-The routing service itself is built in the router issue; until then this entry point says so
-plainly instead of pretending to route.
-"""
+"""``python -m sgl_moe.router --worker-urls URL [URL ...]``: the front router (see ``--help``)."""
 
 from __future__ import annotations
 
-import argparse
+import logging
 import sys
+
+from aiohttp import web
+
+from sgl_moe.router.config import RouterConfig
+from sgl_moe.router.service import build_app
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m sgl_moe.router",
-        description="Prefix-aware, FLOPs-aware router in front of sgl_moe workers (not yet available).",
-    )
-    parser.add_argument("--worker-urls", nargs="+", metavar="URL", help="base URLs of the workers")
-    parser.parse_args(argv)
-    print(
-        "sgl_moe.router: the routing service is not implemented in this version yet; "
-        "run a worker with `python -m sgl_moe.launch_server` and send requests to it directly.",
-        file=sys.stderr,
-    )
-    return 2
+    parser = RouterConfig.parser()
+    try:
+        cfg = RouterConfig.from_argv(argv)
+    except ValueError as exc:
+        parser.error(str(exc))
+    logging.basicConfig(level=cfg.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    log = logging.getLogger("sgl_moe.router")
+    log.info("router on http://%s:%d, policy %s, %d worker URL(s)", cfg.host, cfg.port, cfg.policy,
+             len(cfg.worker_urls))
+    try:
+        web.run_app(build_app(cfg), host=cfg.host, port=cfg.port, print=None, access_log=None,
+                    handle_signals=True)
+    except OSError as exc:
+        print(f"sgl_moe.router: error: cannot listen on {cfg.host}:{cfg.port}: {exc.strerror or exc}",
+              file=sys.stderr)
+        return 2
+    return 0
 
 
 if __name__ == "__main__":

@@ -25,6 +25,7 @@ class BlockStored:
     lora_id: int | None = None
     medium: str | None = None
     cache_salt: str | None = None
+    lora_name: str | None = None
 
 
 @dataclass(frozen=True)
@@ -82,6 +83,7 @@ def _event(raw: Any) -> KVEvent:
             else BlockHash(fields["parent_block_hash"]),
             token_ids=list(fields.get("token_ids") or []), block_size=int(fields["block_size"]),
             lora_id=fields.get("lora_id"), medium=fields.get("medium"), cache_salt=fields.get("cache_salt"),
+            lora_name=fields.get("lora_name"),
         )
     if kind == "BlockRemoved":
         return BlockRemoved(block_hashes=[BlockHash(h) for h in fields["block_hashes"]], medium=fields.get("medium"))

@@ -41,11 +41,15 @@ def _base_type(annotation: Any) -> tuple[Any, bool]:
     return annotation, False
 
 
-def add_dataclass_args(parser: argparse.ArgumentParser, cls: type, prefix: str, title: str) -> None:
+def add_dataclass_args(parser: argparse.ArgumentParser, cls: type, prefix: str, title: str,
+                       exclude: tuple[str, ...] = ()) -> None:
+    """Add one flag per field of ``cls`` except those in ``exclude`` (the caller adds those itself)."""
     group = parser.add_argument_group(title)
     docs = attribute_docs(cls)
     hints = typing.get_type_hints(cls)
     for f in dataclasses.fields(cls):
+        if f.name in exclude:
+            continue
         flag = f"--{prefix}{f.name.replace('_', '-')}"
         base, optional = _base_type(hints[f.name])
         help_text = docs.get(f.name, "")
@@ -62,6 +66,8 @@ def add_dataclass_args(parser: argparse.ArgumentParser, cls: type, prefix: str, 
                                help=f"{help_text} (default: {'none' if optional and f.default is None else '%(default)s'})")
 
 
-def from_namespace(cls: type[T], ns: argparse.Namespace, prefix: str) -> T:
+def from_namespace(cls: type[T], ns: argparse.Namespace, prefix: str, **given: Any) -> T:
+    """Build ``cls`` from parsed flags; ``given`` supplies the fields excluded from the flags."""
     key = prefix.replace("-", "_")
-    return cls(**{f.name: getattr(ns, f"{key}{f.name}") for f in dataclasses.fields(cls)})
+    return cls(**{f.name: given[f.name] if f.name in given else getattr(ns, f"{key}{f.name}")
+                  for f in dataclasses.fields(cls)})

@@ -1,6 +1,7 @@
-"""The main job on the embedded default: one worker on the shipped model, then a prefill-only demo.
+"""The main job on the embedded default: the router in front of two workers on the shipped model, then
+a prefill-only demo through the router.
 
-    python -m sgl_moe [--keep-running] [--port N] [worker flags ...]
+    python -m sgl_moe [--keep-running] [--port N] [--workers N] [worker flags ...]
 
 Each demo prompt is classified by one prefill: SGLang's ``/v1/score`` returns the next-token
 probability of each candidate label (single tokens), read from the logits; nothing is decoded.
@@ -65,38 +66,65 @@ def run_demo(url: str, info: dict) -> None:
             shown = "  ".join(f"{label.strip()}={p:.3f}" for label, p in zip(labels, probs))
             print(f"  ...{prompt.splitlines()[-1].strip()!r:<28} -> {labels[best].strip():<12} ({shown})")
 
-        print("\nprefix cache: a new prompt with the same file header, sent twice through /generate:")
-        body = {"text": SHARED_PREFIX + "def size(path):\n    return os.stat(path).st_size\n",
-                "sampling_params": {"max_new_tokens": 1, "temperature": 0}}
-        for attempt in ("first time ", "second time"):
-            meta = client.post("/generate", json=body).json()["meta_info"]
-            print(f"  {attempt}: {meta['prompt_tokens']} prompt tokens, {meta['cached_tokens']} served from the "
-                  f"prefix cache (page size {info['page_size']})")
+        print("\nprefix cache: new prompts with the same file header, through /generate:")
+        for i, body_text in enumerate(["def size(path):\n    return os.stat(path).st_size\n"] * 2 + [
+                "def name(path):\n    return os.path.basename(path)\n"]):
+            body = {"text": SHARED_PREFIX + body_text, "sampling_params": {"max_new_tokens": 1, "temperature": 0}}
+            resp = client.post("/generate", json=body)
+            meta = resp.json()["meta_info"]
+            routed = (f" -> worker {resp.headers['x-sgl-moe-worker']}, router predicted "
+                      f"{resp.headers['x-sgl-moe-predicted-cached-tokens']} cached"
+                      if "x-sgl-moe-worker" in resp.headers else "")
+            print(f"  request {i + 1}: {meta['prompt_tokens']} prompt tokens, {meta['cached_tokens']} served from "
+                  f"the prefix cache{routed}")
+            time.sleep(0.2)  # let the worker's KV events reach the router
 
 
 def main(argv: list[str] | None = None) -> int:
+    from sgl_moe.router_process import RouterProcess, RouterStartError
+
     parser = argparse.ArgumentParser(prog="python -m sgl_moe", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--keep-running", action="store_true", help="keep the worker serving after the demo")
-    parser.add_argument("--port", type=int, default=30000)
-    parser.add_argument("--log", type=Path, default=Path(".work/logs/demo-worker.log"))
+    parser.add_argument("--keep-running", action="store_true", help="keep the router and workers serving")
+    parser.add_argument("--port", type=int, default=30000, help="router port (workers take the next ports)")
+    parser.add_argument("--workers", type=int, default=2, help="number of workers")
+    parser.add_argument("--logs", type=Path, default=Path(".work/logs"))
     args, worker_args = parser.parse_known_args(argv)
+    if args.workers < 1:
+        parser.error("--workers must be >= 1")
 
-    worker = WorkerProcess(log_path=args.log, args=worker_args, port=args.port)
-    print(f"starting a worker on the shipped model at {worker.url} (log: {args.log}; about a minute on a CPU)")
-    with worker.start():
-        try:
-            info = worker.wait_ready(progress=lambda s: print(f"  ... still starting ({s:.0f} s)", flush=True))
-        except WorkerStartError as exc:
-            print(f"error: {exc}", file=sys.stderr)
-            return 1
-        print(f"worker ready in {worker.ready_seconds:.0f} s, {worker.rss_bytes() / 2**30:.1f} GiB resident")
-        run_demo(worker.url, info)
-        if args.keep_running:
-            print(f"\nworker keeps serving at {worker.url}; Ctrl-C stops it")
-            try:
-                while worker.proc and worker.proc.poll() is None:
-                    time.sleep(1)
-            except KeyboardInterrupt:
-                pass
+    workers = [WorkerProcess(log_path=args.logs / f"demo-worker-{i}.log", args=worker_args, port=args.port + 1 + i)
+               for i in range(args.workers)]
+    print(f"starting {args.workers} worker(s) on the shipped model at "
+          f"{', '.join(w.url for w in workers)} (logs: {args.logs}/; about a minute on a CPU)")
+    try:
+        for w in workers:
+            w.start()
+        infos = []
+        for w in workers:
+            infos.append(w.wait_ready(progress=lambda s: print(f"  ... still starting ({s:.0f} s)", flush=True)))
+            print(f"  worker {w.url} ready in {w.ready_seconds:.0f} s, {w.rss_bytes() / 2**30:.1f} GiB resident")
+        router = RouterProcess(log_path=args.logs / "demo-router.log", worker_urls=[w.url for w in workers],
+                               port=args.port)
+        with router.start():
+            router.wait_ready()
+            print(f"router ready at {router.url} (policy longest_block_match; log: {router.log_path})")
+            run_demo(router.url, infos[0])
+            with httpx.Client(timeout=10) as client:
+                for w in client.get(f"{router.url}/workers").json()["workers"]:
+                    print(f"  {w['id']} {w['url']}: {w['counters']['requests']} requests, "
+                          f"{w['committed_blocks']} committed blocks, Θ = {w['theta_flops']:.3g} FLOPs")
+            if args.keep_running:
+                print(f"\nrouter keeps serving at {router.url}; Ctrl-C stops it and the workers")
+                try:
+                    while router.proc and router.proc.poll() is None:
+                        time.sleep(1)
+                except KeyboardInterrupt:
+                    pass
+    except (WorkerStartError, RouterStartError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    finally:
+        for w in workers:
+            w.stop()
     return 0

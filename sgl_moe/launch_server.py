@@ -75,12 +75,22 @@ def _port_free(host: str, port: int) -> bool:
     return True
 
 
-def _free_port_block(host: str, start: int, count: int) -> int:
-    """First port >= start such that [port, port + count) are all free."""
-    for base in range(start, min(start + 2000, 65535 - count)):
-        if all(_port_free(host, base + i) for i in range(count)):
-            return base
-    raise LaunchError(f"no {count} consecutive free ports found on {host} from {start}")
+KV_EVENTS_PORT_OFFSET = 1000
+REPLAY_PORT_OFFSET = 2000
+
+
+def _event_ports(host: str, port: int, dp: int) -> tuple[int, int]:
+    """KV-event and replay ports derived from the worker's own port alone (port + 1000, port + 2000, plus the
+    DP rank), so workers on neighbouring ports started at the same moment never pick the same ones."""
+    events, replay = port + KV_EVENTS_PORT_OFFSET, port + REPLAY_PORT_OFFSET
+    if replay + dp > 65535:
+        raise LaunchError(f"--port {port} leaves no room for the KV-event ports (port + {KV_EVENTS_PORT_OFFSET} "
+                          f"and + {REPLAY_PORT_OFFSET}); use a lower port or pass --kv-events-config")
+    busy = [p for base in (events, replay) for p in range(base, base + dp) if not _port_free(host, p)]
+    if busy:
+        raise LaunchError(f"KV-event port(s) {', '.join(map(str, busy))} (worker port + {KV_EVENTS_PORT_OFFSET} / "
+                          f"+ {REPLAY_PORT_OFFSET}) are in use; pick another --port or pass --kv-events-config")
+    return events, replay
 
 
 def check_model_path(model_path: str) -> None:
@@ -108,10 +118,10 @@ def with_defaults(argv: list[str]) -> list[str]:
         port = int(_flag_value(argv, "--port") or 30000)
         dp = int(_flag_value(argv, "--dp-size", "--data-parallel-size") or 1)
         pub_host = "127.0.0.1" if host in ("127.0.0.1", "localhost") else "*"
-        base = _free_port_block(host, port + 1000, 2 * dp)
+        events, replay = _event_ports(host, port, dp)
         argv += ["--kv-events-config", json.dumps({
             "publisher": "zmq", "bind": True, "topic": "kv",
-            "endpoint": f"tcp://{pub_host}:{base}", "replay_endpoint": f"tcp://{pub_host}:{base + dp}",
+            "endpoint": f"tcp://{pub_host}:{events}", "replay_endpoint": f"tcp://{pub_host}:{replay}",
         })]
     return argv
 

@@ -85,3 +85,12 @@ def test_user_flags_win_over_defaults():
     argv = with_defaults(["--page-size=32", "--model-path", "/m", "--kv-events-config", "{}"])
     assert argv.count("--page-size") == 0 and "--page-size=32" in argv
     assert argv.count("--kv-events-config") == 1 and argv.count("--model-path") == 1
+
+
+def test_neighbouring_workers_get_disjoint_event_ports():
+    ports = []
+    for port in (41001, 41002):
+        kv = json.loads(with_defaults(["--port", str(port)])[-1])
+        ports += [kv["endpoint"], kv["replay_endpoint"]]
+    assert ports == ["tcp://127.0.0.1:42001", "tcp://127.0.0.1:43001", "tcp://127.0.0.1:42002",
+                     "tcp://127.0.0.1:43002"]

@@ -1,0 +1,144 @@
+"""Committed and pending block tables of every routing target, behind one inverted index.
+
+A *target* is one worker's attention-DP rank (one KV cache). Per target:
+
+- the **committed** table: block hashes the worker reported stored (KV events), removed on
+  ``BlockRemoved``, emptied on ``AllBlocksCleared`` or when the event stream cannot be trusted;
+- the **pending** table: blocks promised by requests routed there but not yet reported stored,
+  reference-counted per request (several requests may promise the same block).
+
+The index maps each hash to a bitmask of the targets holding it in either table, so the longest
+prefix match over all targets is one dictionary lookup and a few integer operations per block,
+whatever the number of workers (seed 000 §7.2).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+
+class BlockIndex:
+    """Owns every target's committed and pending tables; targets are small integer slots."""
+
+    def __init__(self) -> None:
+        self._committed: dict[int, set[int]] = {}
+        self._pending: dict[int, dict[int, int]] = {}
+        self._index: dict[int, int] = {}
+        self._next_slot = 0
+
+    # -- targets ---------------------------------------------------------------------------
+    def add_target(self) -> int:
+        """A new slot; slots are never reused, so a late retire for a removed target cannot touch another."""
+        slot = self._next_slot
+        self._next_slot += 1
+        self._committed[slot] = set()
+        self._pending[slot] = {}
+        return slot
+
+    def remove_target(self, slot: int) -> None:
+        """Forget the target entirely."""
+        self.clear_committed(slot)
+        for h in list(self._pending[slot]):
+            self._drop_bit(slot, h)
+        del self._committed[slot], self._pending[slot]
+
+    # -- committed table (KV events) ----------------------------------------------------------
+    def store(self, slot: int, hashes: Iterable[int]) -> None:
+        committed, bit, index = self._committed[slot], 1 << slot, self._index
+        for h in hashes:
+            committed.add(h)
+            index[h] = index.get(h, 0) | bit
+
+    def remove(self, slot: int, hashes: Iterable[int]) -> None:
+        committed, pending = self._committed[slot], self._pending[slot]
+        for h in hashes:
+            if h in committed:
+                committed.discard(h)
+                if h not in pending:
+                    self._drop_bit(slot, h)
+
+    def clear_committed(self, slot: int) -> int:
+        """Empty the committed table; returns how many blocks it held."""
+        committed, pending = self._committed[slot], self._pending[slot]
+        n = len(committed)
+        for h in committed:
+            if h not in pending:
+                self._drop_bit(slot, h)
+        committed.clear()
+        return n
+
+    def is_committed(self, slot: int, h: int) -> bool:
+        return h in self._committed[slot]
+
+    # -- pending table (routed requests) -----------------------------------------------------
+    def promise(self, slot: int, hashes: Iterable[int]) -> None:
+        pending, bit, index = self._pending[slot], 1 << slot, self._index
+        for h in hashes:
+            pending[h] = pending.get(h, 0) + 1
+            index[h] = index.get(h, 0) | bit
+
+    def retire(self, slot: int, hashes: Iterable[int]) -> None:
+        """Drop one promise of each hash (the request that made it finished or failed)."""
+        pending = self._pending.get(slot)
+        if pending is None:  # target removed meanwhile
+            return
+        committed = self._committed[slot]
+        for h in hashes:
+            n = pending.get(h, 0)
+            if n > 1:
+                pending[h] = n - 1
+            elif n == 1:
+                del pending[h]
+                if h not in committed:
+                    self._drop_bit(slot, h)
+
+    # -- queries -----------------------------------------------------------------------------
+    def match(self, hashes: Sequence[int], slots_mask: int) -> dict[int, int]:
+        """Longest run of leading blocks each target in ``slots_mask`` holds (committed or pending).
+
+        Returns ``{slot: matched_blocks}`` for targets with at least one matched block.
+        """
+        result: dict[int, int] = {}
+        live = slots_mask
+        get = self._index.get
+        for i, h in enumerate(hashes):
+            have = get(h, 0) & live
+            dropped = live & ~have
+            if dropped:
+                _record(result, dropped, i)
+                live = have
+                if not live:
+                    return result
+        if live:
+            _record(result, live, len(hashes))
+        return result
+
+    def committed_prefix(self, slot: int, hashes: Sequence[int]) -> int:
+        """Leading blocks of ``hashes`` in the target's committed table alone."""
+        committed = self._committed[slot]
+        n = 0
+        for h in hashes:
+            if h not in committed:
+                break
+            n += 1
+        return n
+
+    def sizes(self, slot: int) -> tuple[int, int]:
+        """(committed blocks, pending blocks) of a target."""
+        return len(self._committed[slot]), len(self._pending[slot])
+
+    def _drop_bit(self, slot: int, h: int) -> None:
+        mask = self._index.get(h, 0) & ~(1 << slot)
+        if mask:
+            self._index[h] = mask
+        else:
+            self._index.pop(h, None)
+
+
+def _record(result: dict[int, int], mask: int, blocks: int) -> None:
+    if blocks == 0:
+        return
+    while mask:
+        low = mask & -mask
+        result[low.bit_length() - 1] = blocks
+        mask ^= low

@@ -1,0 +1,88 @@
+"""The router's configuration: one frozen dataclass; every field is a ``--flag`` of ``python -m sgl_moe.router``."""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass, field
+from typing import Literal
+
+from sgl_moe.cli_args import add_dataclass_args, from_namespace
+
+Policy = Literal["longest_block_match", "round_robin", "least_flops"]
+
+
+@dataclass(frozen=True)
+class RouterConfig:
+    host: str = "127.0.0.1"
+    """Address the router listens on."""
+    port: int = 30080
+    """Port the router listens on."""
+    policy: Policy = "longest_block_match"
+    """Placement policy. All share discovery, admission (Θ), the FIFO queue and the proxy; only the choice
+    of worker differs: longest_block_match (prefix affinity with FLOPs-aware spill), round_robin,
+    least_flops (in-flight FLOPs relative to Θ, no affinity)."""
+    saturation_flops: float | None = None
+    """Θ for every worker in FLOPs, overriding the value each worker reports (and its later calibration)."""
+    queue_size: int = 4096
+    """Requests that may wait for admission; beyond it the router answers 429 with Retry-After."""
+    queue_timeout_s: float = 300.0
+    """A request that waited this long for admission is answered 503."""
+    max_affinity_wait_s: float = 2.0
+    """Longest a queued request waits for its best-matching (saturated) worker while another has room."""
+    pending_ttl_s: float = 10.0
+    """Safety net: a completed request's pending blocks are dropped this long after completion even if the
+    worker never reports them stored (e.g. evicted at once, or KV events lost)."""
+    health_interval_s: float = 2.0
+    """Seconds between health checks of each worker."""
+    health_failures: int = 2
+    """Consecutive failed health checks that take a worker out of rotation (a refused connection during a
+    request takes it out at once)."""
+    request_timeout_s: float = 600.0
+    """Longest a worker may take to answer one request."""
+    log_level: Literal["debug", "info", "warning", "error"] = "info"
+    """Logging level; debug prints one line per routing decision."""
+    debug_drop_event_seqs: str = ""
+    """Fault injection for tests: comma-separated KV-event sequence numbers to drop on receipt."""
+    worker_urls: tuple[str, ...] = field(default=())
+
+    def validate(self) -> None:
+        for name in ("queue_size", "health_failures"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
+        for name in ("queue_timeout_s", "pending_ttl_s", "health_interval_s", "request_timeout_s"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"--{name.replace('_', '-')} must be positive, got {getattr(self, name)}")
+        if self.max_affinity_wait_s < 0:
+            raise ValueError(f"--max-affinity-wait-s must be >= 0, got {self.max_affinity_wait_s}")
+        if self.saturation_flops is not None and not self.saturation_flops > 0:
+            raise ValueError(f"--saturation-flops must be positive, got {self.saturation_flops}")
+        if not 0 < self.port < 65536:
+            raise ValueError(f"--port must be in 1..65535, got {self.port}")
+        for url in self.worker_urls:
+            if not url.startswith(("http://", "https://")):
+                raise ValueError(f"worker URL must start with http:// or https://, got {url!r}")
+        self.drop_seqs()
+
+    def drop_seqs(self) -> frozenset[int]:
+        try:
+            return frozenset(int(s) for s in self.debug_drop_event_seqs.split(",") if s.strip())
+        except ValueError:
+            raise ValueError(f"--debug-drop-event-seqs must be integers, got {self.debug_drop_event_seqs!r}") from None
+
+    @staticmethod
+    def parser() -> argparse.ArgumentParser:
+        parser = argparse.ArgumentParser(
+            prog="python -m sgl_moe.router",
+            description="Prefix-aware, FLOPs-aware router in front of sgl_moe workers (SGLang).")
+        parser.add_argument("--worker-urls", nargs="*", default=[], metavar="URL",
+                            help="base URLs of workers started with `python -m sgl_moe.launch_server` "
+                                 "(more can be added at run time with POST /workers)")
+        add_dataclass_args(parser, RouterConfig, "", "router options", exclude=("worker_urls",))
+        return parser
+
+    @classmethod
+    def from_argv(cls, argv: list[str] | None) -> "RouterConfig":
+        ns = cls.parser().parse_args(argv)
+        cfg = from_namespace(cls, ns, "", worker_urls=tuple(u.rstrip("/") for u in ns.worker_urls))
+        cfg.validate()
+        return cfg

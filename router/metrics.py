@@ -1,0 +1,123 @@
+"""``GET /metrics``: Prometheus text. Per-worker state is read from the live objects at scrape time."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+PREFIX = "sgl_moe_router_"
+
+
+class RouterMetrics:
+    def __init__(self, router) -> None:
+        self.router = router
+        self.registry = CollectorRegistry(auto_describe=True)
+        r = self.registry
+        self.requests = Counter(PREFIX + "requests", "Requests answered, by endpoint and HTTP status",
+                                ["endpoint", "status"], registry=r)
+        self.retries = Counter(PREFIX + "retries", "Prefill-only requests retried on another worker after a "
+                               "worker failure", registry=r)
+        self.worker_failures = Counter(PREFIX + "worker_failures", "Requests a worker failed (transport error "
+                                       "or 5xx)", ["worker"], registry=r)
+        self.decision_seconds = Histogram(
+            PREFIX + "decision_seconds", "Routing decision time: match, cost, choice and reservation "
+            "(excludes tokenization and hashing)", registry=r,
+            buckets=(1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 1e-2))
+        self.hash_seconds = Histogram(PREFIX + "hash_seconds", "Block hashing time per request", registry=r,
+                                      buckets=(1e-5, 5e-5, 1e-4, 5e-4, 1e-3, 5e-3, 2e-2))
+        self.tokenize_seconds = Histogram(PREFIX + "tokenize_seconds", "Tokenization time per request", registry=r,
+                                          buckets=(1e-4, 5e-4, 1e-3, 5e-3, 2e-2, 1e-1))
+        self.queue_wait_seconds = Histogram(PREFIX + "queue_wait_seconds", "Time a request waited for admission",
+                                            registry=r, buckets=(0.001, 0.01, 0.05, 0.1, 0.5, 1, 2, 5, 10, 30, 60))
+        self.request_seconds = Histogram(PREFIX + "request_seconds", "End-to-end request time at the router",
+                                         ["endpoint"], registry=r,
+                                         buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 300))
+        r.register(_StateCollector(router))
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
+
+
+class _StateCollector:
+    def __init__(self, router) -> None:
+        self.router = router
+
+    def describe(self):
+        return []
+
+    def collect(self):
+        router = self.router
+        pool, sched, index = router.pool, router.scheduler, router.index
+        w_labels = ["worker", "url"]
+
+        def gauge(name, doc, labels=()):
+            return GaugeMetricFamily(PREFIX + name, doc, labels=list(labels))
+
+        def counter(name, doc, labels=()):
+            return CounterMetricFamily(PREFIX + name, doc, labels=list(labels))
+
+        healthy = gauge("worker_healthy", "1 if the worker is in rotation", w_labels)
+        committed = gauge("committed_blocks", "Blocks in the worker's committed table (from KV events)", w_labels)
+        pending = gauge("pending_blocks", "Blocks in the worker's pending table (promised by routed requests)",
+                        w_labels)
+        inflight = gauge("inflight_flops", "In-flight FLOPs reserved on the worker", w_labels)
+        theta = gauge("theta_flops", "Saturation threshold Θ of the worker", w_labels)
+        inflight_req = gauge("inflight_requests", "Requests in flight on the worker", w_labels)
+        routed = counter("routed_requests", "Requests dispatched to the worker", w_labels)
+        predicted = counter("predicted_cached_tokens", "Cached tokens the router predicted, over responses that "
+                            "report cached tokens", w_labels)
+        reported = counter("reported_cached_tokens", "Cached tokens the worker reported on the same responses",
+                           w_labels)
+        ev = counter("kv_events_blocks", "Blocks in KV events applied", [*w_labels, "type"])
+        gaps = counter("kv_event_gaps", "Sequence gaps detected in the worker's KV events", w_labels)
+        replays = counter("kv_event_replays", "Gaps recovered through the replay endpoint", w_labels)
+        replay_fail = counter("kv_event_replay_failures", "Gaps that could not be replayed (table reset)", w_labels)
+        resets = counter("committed_table_resets", "Committed-table resets (connect, unrecoverable gap, "
+                         "publisher restart)", w_labels)
+        lag = gauge("kv_event_lag_seconds", "Age of the last KV event batch when it was received", w_labels)
+        restarts = counter("worker_restarts", "Worker restarts detected (new instance id)", w_labels)
+        for w in pool.workers.values():
+            lab = [w.id, w.url]
+            healthy.add_metric(lab, 1.0 if w.state == "healthy" else 0.0)
+            c = p = 0
+            for slot in w.slots.values():
+                sc, sp = index.sizes(slot)
+                c, p = c + sc, p + sp
+            committed.add_metric(lab, c)
+            pending.add_metric(lab, p)
+            inflight.add_metric(lab, w.inflight_flops)
+            theta.add_metric(lab, w.theta)
+            inflight_req.add_metric(lab, w.inflight_requests)
+            routed.add_metric(lab, w.counters.requests)
+            predicted.add_metric(lab, w.counters.predicted_cached_tokens)
+            reported.add_metric(lab, w.counters.reported_cached_tokens)
+            ev.add_metric([*lab, "stored"], w.counters.events_stored)
+            ev.add_metric([*lab, "removed"], w.counters.events_removed)
+            ev.add_metric([*lab, "all_cleared"], w.counters.events_cleared)
+            gaps.add_metric(lab, sum(x.stats.gaps for x in w.listeners))
+            replays.add_metric(lab, sum(x.stats.replays for x in w.listeners))
+            replay_fail.add_metric(lab, sum(x.stats.replay_failures for x in w.listeners))
+            resets.add_metric(lab, w.counters.table_resets)
+            lag.add_metric(lab, max((x.stats.last_lag_s for x in w.listeners), default=0.0))
+            restarts.add_metric(lab, w.counters.restarts)
+        yield from (healthy, committed, pending, inflight, theta, inflight_req, routed, predicted, reported, ev,
+                    gaps, replays, replay_fail, resets, lag, restarts)
+        depth = gauge("queue_depth", "Requests waiting for admission")
+        depth.add_metric([], len(sched.queue))
+        yield depth
+        for name, doc, value in (
+            ("spills", "Requests sent to a worker other than the best-matching (saturated) one", sched.stats.spills),
+            ("queued_requests", "Requests that had to wait in the admission queue", sched.stats.queued),
+            ("rejected_queue_full", "Requests answered 429 because the queue was full",
+             sched.stats.rejected_queue_full),
+            ("queue_timeouts", "Requests answered 503 after waiting too long for admission",
+             sched.stats.queue_timeouts),
+            ("pending_retired_stored", "Pending promises retired after completion and BlockStored",
+             router.ledger.stats.retired_stored),
+            ("pending_retired_failed", "Pending promises retired because the request failed",
+             router.ledger.stats.retired_failed),
+            ("pending_retired_ttl", "Pending promises retired by the TTL safety net", router.ledger.stats.retired_ttl),
+        ):
+            m = counter(name, doc)
+            m.add_metric([], value)
+            yield m

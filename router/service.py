@@ -1,0 +1,344 @@
+"""The router's HTTP service: proxying with placement, retries, worker admin, health and metrics.
+
+Responses from workers reach the client byte for byte (status, body, content type); the router
+adds only ``x-sgl-moe-*`` headers saying where the request went and what it predicted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+from typing import Any
+
+import aiohttp
+import orjson
+from aiohttp import web
+
+from sgl_moe.router.block_hash import block_hashes, salt_seed
+from sgl_moe.router.block_index import BlockIndex
+from sgl_moe.router.config import RouterConfig
+from sgl_moe.router.metrics import RouterMetrics
+from sgl_moe.router.pending import PendingLedger
+from sgl_moe.router.request_parsing import ParsedRequest, RequestError, parse_request
+from sgl_moe.router.scheduler import Job, NoWorkers, Placement, QueueFull, QueueTimeout, Scheduler
+from sgl_moe.router.workers import WorkerError, WorkerPool
+
+log = logging.getLogger("sgl_moe.router")
+
+PROXIED = ("/generate", "/v1/score", "/v1/decisions", "/v1/completions", "/v1/chat/completions")
+FORWARDED_HEADERS = ("authorization", "x-data-parallel-rank")
+RESPONSE_HEADERS = ("content-type",)
+
+
+class WorkerFailure(Exception):
+    """The worker did not produce a usable answer (transport error or 5xx)."""
+
+    def __init__(self, message: str, transport: bool) -> None:
+        super().__init__(message)
+        self.transport = transport
+
+
+def error_response(status: int, message: str, *, kind: str = "invalid_request_error", param: str | None = None,
+                   headers: dict[str, str] | None = None) -> web.Response:
+    body = {"error": {"message": message, "type": kind, "param": param, "code": status}}
+    return web.Response(body=orjson.dumps(body), status=status, content_type="application/json", headers=headers)
+
+
+class Router:
+    def __init__(self, cfg: RouterConfig) -> None:
+        self.cfg = cfg
+        self.index = BlockIndex()
+        self.ledger = PendingLedger(self.index, cfg.pending_ttl_s)
+        self.session: aiohttp.ClientSession | None = None
+        self.pool: WorkerPool | None = None
+        self.scheduler: Scheduler | None = None
+        self.metrics = RouterMetrics(self)
+        self._tasks: list[asyncio.Task] = []
+
+    # -- lifecycle ---------------------------------------------------------------------------
+    async def start(self, app: web.Application) -> None:
+        self.session = aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(limit=0, ttl_dns_cache=300),
+            timeout=aiohttp.ClientTimeout(total=self.cfg.request_timeout_s, connect=10),
+            auto_decompress=False)
+        self.pool = WorkerPool(self.cfg, self.index, self.ledger, self.session, on_change=self._on_capacity)
+        self.scheduler = Scheduler(self.cfg, self.pool, self.index, self.ledger)
+        self._tasks.append(asyncio.create_task(self.pool.health_loop(), name="health"))
+        for url in self.cfg.worker_urls:
+            self._tasks.append(asyncio.create_task(self._add_initial(url), name=f"add {url}"))
+
+    async def stop(self, app: web.Application) -> None:
+        for task in self._tasks:
+            task.cancel()
+        if self.pool:
+            await self.pool.close()
+        if self.session:
+            await self.session.close()
+
+    def _on_capacity(self) -> None:
+        if self.scheduler:
+            self.scheduler.pump()
+
+    async def _add_initial(self, url: str) -> None:
+        """Add a worker given on the command line; keep trying while it is still starting."""
+        delay = 1.0
+        while True:
+            try:
+                await self.pool.add(url)
+                return
+            except WorkerError as exc:
+                if exc.status != 502:
+                    log.error("not adding worker %s: %s", url, exc.message)
+                    return
+                log.info("worker %s not reachable yet (%s); retrying in %.0f s", url, exc.message, delay)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 10.0)
+
+    # -- proxied endpoints -------------------------------------------------------------------
+    async def handle(self, request: web.Request) -> web.StreamResponse:
+        endpoint = request.path
+        t0 = time.perf_counter()
+        resp = await self._handle(request, endpoint)
+        self.metrics.requests.labels(endpoint, str(resp.status)).inc()
+        self.metrics.request_seconds.labels(endpoint).observe(time.perf_counter() - t0)
+        return resp
+
+    async def _handle(self, request: web.Request, endpoint: str) -> web.StreamResponse:
+        raw = await request.read()
+        rid = request.headers.get("x-request-id") or uuid.uuid4().hex
+        pool = self.pool
+        if pool.tokenizer is None:
+            return error_response(503, "no worker is registered yet; add one with POST /workers or wait for the "
+                                  "workers given with --worker-urls to start", kind="unavailable",
+                                  headers={"Retry-After": "5"})
+        t_tok = time.perf_counter()
+        try:
+            parsed = parse_request(endpoint, raw, tokenizer=pool.tokenizer, served_model_name=pool.model_name,
+                                   context_length=pool.context_length)
+        except RequestError as exc:
+            return error_response(exc.status, exc.message, param=exc.param,
+                                  kind="not_found_error" if exc.status == 404 else "invalid_request_error")
+        t_hash = time.perf_counter()
+        self.metrics.tokenize_seconds.observe(t_hash - t_tok)
+        job = self._job(rid, parsed)
+        self.metrics.hash_seconds.observe(time.perf_counter() - t_hash)
+        body = orjson.dumps(parsed.body)
+        headers = {"content-type": "application/json"}
+        for h in FORWARDED_HEADERS:
+            if h in request.headers:
+                headers[h] = request.headers[h]
+        retryable = parsed.prefill_only and not parsed.stream
+        attempt = 0
+        while True:
+            try:
+                placement = await self.scheduler.acquire(job)
+            except QueueFull as exc:
+                return error_response(429, f"router busy: {exc}; retry later", kind="rate_limit_exceeded",
+                                      headers={"Retry-After": str(exc.retry_after_s)})
+            except QueueTimeout as exc:
+                return error_response(503, str(exc), kind="unavailable", headers={"Retry-After": "5"})
+            except NoWorkers as exc:
+                return error_response(503, str(exc), kind="unavailable", headers={"Retry-After": "5"})
+            self.metrics.decision_seconds.observe(placement.decision_s)
+            if placement.job.future is not None:
+                self.metrics.queue_wait_seconds.observe(placement.queued_s)
+            try:
+                if parsed.stream:
+                    return await self._stream(request, endpoint, body, headers, placement)
+                return await self._forward(endpoint, body, headers, placement, parsed)
+            except WorkerFailure as exc:
+                worker = placement.worker
+                worker.counters.failures += 1
+                self.metrics.worker_failures.labels(worker.id).inc()
+                if exc.transport:
+                    self.pool.mark_unhealthy(worker, str(exc))
+                if retryable and attempt == 0 and len(self.pool.workers) > 1:
+                    attempt += 1
+                    self.metrics.retries.inc()
+                    log.warning("request %s failed on %s (%s); retrying once on another worker", rid, worker.id, exc)
+                    job.exclude = job.exclude | {worker.id}
+                    job.future = None
+                    continue
+                log.warning("request %s failed on %s: %s", rid, worker.id, exc)
+                return error_response(502, f"worker {worker.id} ({worker.url}) failed: {exc}",
+                                      kind="worker_failure")
+
+    def _job(self, rid: str, parsed: ParsedRequest) -> Job:
+        ns = parsed.namespace
+        page = self.pool.page_size
+        keys: list[list[int]] = []
+        # LoRA and extra_key blocks are published without their namespace: no affinity (see block_hash).
+        if parsed.affinity and ns.lora_name is None and ns.extra_key is None:
+            seed = salt_seed(ns.cache_salt) if ns.cache_salt else None
+            keys = [block_hashes(p, page, seed) for p in parsed.prompts]
+        return Job(rid=rid, prompt_lens=[len(p) for p in parsed.prompts], keys=keys,
+                   shared_prefix_len=parsed.shared_prefix_len, max_new_tokens=parsed.max_new_tokens)
+
+    def _headers(self, placement: Placement) -> dict[str, str]:
+        return {"x-sgl-moe-worker": placement.worker.id, "x-sgl-moe-request-id": placement.job.rid,
+                "x-sgl-moe-predicted-cached-tokens": str(placement.predicted_cached_tokens),
+                "x-sgl-moe-queue-ms": f"{placement.queued_s * 1e3:.1f}"}
+
+    async def _forward(self, endpoint: str, body: bytes, headers: dict[str, str], placement: Placement,
+                       parsed: ParsedRequest) -> web.Response:
+        worker = placement.worker
+        ok = False
+        try:
+            try:
+                async with self.session.post(worker.url + endpoint, data=body, headers=headers) as resp:
+                    payload = await resp.read()
+                    status = resp.status
+                    ctype = resp.headers.get("content-type", "application/json")
+            except (aiohttp.ClientConnectorError, aiohttp.ServerDisconnectedError) as exc:
+                raise WorkerFailure(f"{type(exc).__name__}: {exc}", transport=True) from None
+            except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+                raise WorkerFailure(f"{type(exc).__name__}: {exc}", transport=False) from None
+            if status >= 500:
+                raise WorkerFailure(f"answered {status}: {payload[:300].decode(errors='replace')}", transport=False)
+            ok = status < 400
+            if ok:
+                self._note_cached(placement, endpoint, payload)
+            return web.Response(body=payload, status=status, headers={"content-type": ctype,
+                                                                      **self._headers(placement)})
+        finally:
+            self.scheduler.release(placement, ok=ok)
+
+    async def _stream(self, request: web.Request, endpoint: str, body: bytes, headers: dict[str, str],
+                      placement: Placement) -> web.StreamResponse:
+        worker = placement.worker
+        ok = False
+        try:
+            try:
+                resp = await self.session.post(worker.url + endpoint, data=body, headers=headers)
+            except (aiohttp.ClientConnectorError, aiohttp.ServerDisconnectedError) as exc:
+                raise WorkerFailure(f"{type(exc).__name__}: {exc}", transport=True) from None
+            except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+                raise WorkerFailure(f"{type(exc).__name__}: {exc}", transport=False) from None
+            async with resp:
+                if resp.status >= 500:
+                    text = (await resp.read())[:300].decode(errors="replace")
+                    raise WorkerFailure(f"answered {resp.status}: {text}", transport=False)
+                out = web.StreamResponse(status=resp.status, headers={
+                    "content-type": resp.headers.get("content-type", "text/event-stream"), **self._headers(placement)})
+                await out.prepare(request)
+                try:
+                    async for chunk in resp.content.iter_any():
+                        await out.write(chunk)
+                except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+                    log.warning("stream of %s from %s broke: %s", placement.job.rid, worker.id, exc)
+                    return out
+                await out.write_eof()
+                ok = resp.status < 400
+                return out
+        finally:
+            self.scheduler.release(placement, ok=ok)
+
+    def _note_cached(self, placement: Placement, endpoint: str, payload: bytes) -> None:
+        """Compare the predicted prefix hit with what the worker reports (``meta_info.cached_tokens``)."""
+        if endpoint not in ("/generate", "/v1/completions", "/v1/chat/completions"):
+            return
+        try:
+            data = orjson.loads(payload)
+        except orjson.JSONDecodeError:
+            return
+        reported = None
+        if endpoint == "/generate":
+            items = data if isinstance(data, list) else [data]
+            vals = [i.get("meta_info", {}).get("cached_tokens") for i in items if isinstance(i, dict)]
+            if vals and all(isinstance(v, int) for v in vals):
+                reported = sum(vals)
+        else:
+            details = (data.get("usage") or {}).get("prompt_tokens_details") or {}
+            if isinstance(details.get("cached_tokens"), int):
+                reported = details["cached_tokens"]
+        if reported is not None:
+            c = placement.worker.counters
+            c.predicted_cached_tokens += placement.predicted_cached_tokens
+            c.reported_cached_tokens += reported
+
+    # -- other endpoints ---------------------------------------------------------------------
+    async def models(self, request: web.Request) -> web.Response:
+        workers = self.pool.routable()
+        if not workers:
+            return error_response(503, "no healthy worker is available", kind="unavailable")
+        try:
+            async with self.session.get(workers[0].url + "/v1/models") as resp:
+                return web.Response(body=await resp.read(), status=resp.status,
+                                    content_type="application/json")
+        except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+            return error_response(502, f"worker {workers[0].id} failed: {exc}", kind="worker_failure")
+
+    async def health(self, request: web.Request) -> web.Response:
+        healthy = len(self.pool.routable())
+        body = {"status": "ok" if healthy else "unavailable", "healthy_workers": healthy,
+                "workers": len(self.pool.workers), "queue_depth": len(self.scheduler.queue)}
+        return web.Response(body=orjson.dumps(body), status=200 if healthy else 503, content_type="application/json")
+
+    async def metrics_text(self, request: web.Request) -> web.Response:
+        return web.Response(body=self.metrics.render(), content_type="text/plain", charset="utf-8")
+
+    async def list_workers(self, request: web.Request) -> web.Response:
+        body = {"workers": [w.describe(self.index) for w in self.pool.workers.values()],
+                "policy": self.cfg.policy, "queue_depth": len(self.scheduler.queue)}
+        return web.Response(body=orjson.dumps(body), content_type="application/json")
+
+    async def add_worker(self, request: web.Request) -> web.Response:
+        try:
+            data = orjson.loads(await request.read())
+        except orjson.JSONDecodeError as exc:
+            return error_response(400, f"body is not valid JSON: {exc}")
+        if not isinstance(data, dict) or not isinstance(data.get("url"), str) or set(data) - {"url"}:
+            return error_response(400, 'body must be {"url": "http://host:port"}')
+        try:
+            worker = await self.pool.add(data["url"])
+        except WorkerError as exc:
+            return error_response(exc.status, exc.message)
+        return web.Response(body=orjson.dumps(worker.describe(self.index)), status=201,
+                            content_type="application/json")
+
+    async def remove_worker(self, request: web.Request) -> web.Response:
+        try:
+            worker = await self.pool.remove(request.match_info["worker_id"])
+        except WorkerError as exc:
+            return error_response(exc.status, exc.message)
+        self.scheduler.pump()  # queued requests excluded from nothing may now find no worker: answer them
+        return web.Response(body=orjson.dumps({"removed": worker.id, "url": worker.url}),
+                            content_type="application/json")
+
+
+@web.middleware
+async def json_errors(request: web.Request, handler):
+    """Unknown paths and methods get JSON errors like every other router answer."""
+    try:
+        return await handler(request)
+    except web.HTTPNotFound:
+        return error_response(404, f"{request.method} {request.path} is not served by the router",
+                              kind="not_found_error")
+    except web.HTTPMethodNotAllowed as exc:
+        return error_response(405, f"{request.method} is not allowed on {request.path} "
+                                   f"(allowed: {', '.join(sorted(exc.allowed_methods))})")
+    except web.HTTPRequestEntityTooLarge as exc:
+        return error_response(413, f"request body too large: {exc.text}")
+
+
+def build_app(cfg: RouterConfig) -> web.Application:
+    router = Router(cfg)
+    app = web.Application(client_max_size=256 * 2**20, middlewares=[json_errors])
+    app["router"] = router
+    for path in PROXIED:
+        app.router.add_post(path, router.handle)
+    app.router.add_get("/v1/models", router.models)
+    app.router.add_get("/health", router.health)
+    app.router.add_get("/metrics", router.metrics_text)
+    app.router.add_get("/workers", router.list_workers)
+    app.router.add_post("/workers", router.add_worker)
+    app.router.add_delete("/workers/{worker_id}", router.remove_worker)
+    app.on_startup.append(router.start)
+    app.on_cleanup.append(router.stop)
+    return app
+
+
+def describe_config(cfg: RouterConfig) -> dict[str, Any]:
+    return {k: getattr(cfg, k) for k in cfg.__dataclass_fields__}

@@ -1,0 +1,91 @@
+"""The router started as a child process (``python -m sgl_moe.router``): used by the demo, tests and benchmarks."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from sgl_moe.worker_process import free_port
+
+
+class RouterStartError(RuntimeError):
+    """The router exited or its workers did not all join in time; the message carries its log."""
+
+
+@dataclass
+class RouterProcess:
+    log_path: Path
+    worker_urls: list[str]
+    args: list[str] = field(default_factory=list)
+    """Extra router flags."""
+    host: str = "127.0.0.1"
+    port: int = 0
+    proc: subprocess.Popen | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    def start(self) -> "RouterProcess":
+        if self.port == 0:
+            self.port = free_port(self.host)
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        log = open(self.log_path, "wb")
+        cmd = [sys.executable, "-m", "sgl_moe.router", "--host", self.host, "--port", str(self.port),
+               "--worker-urls", *self.worker_urls, *self.args]
+        self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                                     env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        log.close()
+        return self
+
+    def log_text(self) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")
+        except OSError:
+            return "(no log)"
+
+    def wait_ready(self, timeout: float = 120.0) -> dict[str, Any]:
+        """Block until every worker URL has joined and is healthy; return ``GET /workers``."""
+        assert self.proc is not None, "start() first"
+        deadline = time.time() + timeout
+        with httpx.Client(timeout=5.0) as client:
+            while time.time() < deadline:
+                if self.proc.poll() is not None:
+                    raise RouterStartError(f"router exited with status {self.proc.returncode}; log:\n"
+                                           f"{self.log_text()[-3000:]}")
+                try:
+                    workers = client.get(f"{self.url}/workers").json()
+                    healthy = {w["url"] for w in workers["workers"] if w["state"] == "healthy"}
+                    if healthy >= set(self.worker_urls):
+                        return workers
+                except (httpx.TransportError, ValueError, KeyError):
+                    pass
+                time.sleep(0.2)
+        self.stop()
+        raise RouterStartError(f"router not ready after {timeout:.0f} s; log:\n{self.log_text()[-3000:]}")
+
+    def stop(self, grace: float = 10.0) -> None:
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        try:
+            os.killpg(self.proc.pid, signal.SIGINT)
+            self.proc.wait(grace)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(10)
+        except ProcessLookupError:
+            pass
+
+    def __enter__(self) -> "RouterProcess":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()

@@ -1,0 +1,185 @@
+"""Placement, admission against Θ and the FIFO queue, on in-memory workers (no HTTP: the unit alone)."""
+
+import asyncio
+
+import pytest
+
+from sgl_moe.flops import FlopsModel
+from sgl_moe.router.block_index import BlockIndex
+from sgl_moe.router.config import RouterConfig
+from sgl_moe.router.pending import PendingLedger
+from sgl_moe.router.scheduler import Job, QueueFull, Scheduler, job_cost
+from sgl_moe.router.workers import Worker
+
+FLOPS = FlopsModel(linear_flops_per_token=1000.0, attn_flops_per_pair=10.0, lm_head_flops_per_token=100.0,
+                   num_layers=2, num_moe_layers=2)
+PAGE = 16
+
+
+class Pool:
+    """The part of WorkerPool the scheduler reads."""
+
+    def __init__(self, index, n, theta):
+        self.workers = {}
+        for i in range(n):
+            w = Worker(id=f"w{i}", url=f"http://w{i}", info={"page_size": PAGE}, flops=FLOPS, theta=theta,
+                       theta_source="test", slots={0: index.add_target()})
+            self.workers[w.id] = w
+
+    def routable(self, exclude=frozenset()):
+        return [w for w in self.workers.values() if w.state == "healthy" and w.id not in exclude]
+
+
+def make(n=2, theta=1e6, **cfg):
+    index = BlockIndex()
+    ledger = PendingLedger(index, ttl_s=10)
+    pool = Pool(index, n, theta)
+    return Scheduler(RouterConfig(**cfg), pool, index, ledger), pool, index
+
+
+async def settle():
+    """Let futures resolved by the scheduler reach their waiters (a few loop turns)."""
+    for _ in range(10):
+        await asyncio.sleep(0)
+
+
+def job(rid, blocks, n_tokens=None):
+    keys = list(blocks)
+    return Job(rid=rid, prompt_lens=[n_tokens or len(keys) * PAGE + 1], keys=[keys])
+
+
+def test_cost_is_true_flops_after_prefix_credit():
+    w = Worker(id="w", url="", info={"page_size": PAGE}, flops=FLOPS, theta=1, theta_source="", slots={})
+    j = Job(rid="r", prompt_lens=[100], keys=[[]])
+    assert job_cost(w, j, [0]) == FLOPS.request_flops(0, 100)
+    assert job_cost(w, j, [96]) == FLOPS.request_flops(96, 4)
+    # Score-style unit: the shared query (64 tokens) is computed once, items pay only their suffix.
+    unit = Job(rid="s", prompt_lens=[80, 80, 80], keys=[[], [], []], shared_prefix_len=64)
+    assert job_cost(w, unit, [0, 0, 0]) == FLOPS.request_flops(0, 80) + 2 * FLOPS.request_flops(64, 16)
+
+
+def test_burst_of_same_prefix_converges_through_pending_table():
+    sched, pool, index = make(n=3)
+
+    async def run():
+        return [await sched.acquire(job(f"r{i}", [11, 12, 13])) for i in range(5)]
+
+    placements = asyncio.run(run())
+    assert {p.worker.id for p in placements} == {placements[0].worker.id}
+    assert [p.matched_blocks for p in placements] == [0, 3, 3, 3, 3]
+    # A different prefix goes to the least-loaded worker, not the busy one.
+    other = asyncio.run(sched.acquire(job("x", [99])))
+    assert other.worker.id != placements[0].worker.id
+
+
+def test_saturated_worker_gets_nothing_and_queue_is_fifo():
+    cost = FLOPS.request_flops(0, 3 * PAGE + 1)
+    sched, pool, index = make(n=1, theta=cost * 1.5)
+
+    async def run():
+        first = await sched.acquire(job("a", [1, 2, 3]))
+        second = await sched.acquire(job("b", [4, 5, 6]))  # admitted: in-flight < Θ before it
+        assert pool.workers["w0"].inflight_flops >= pool.workers["w0"].theta
+        waiting = [asyncio.ensure_future(sched.acquire(job(f"q{i}", [7 + i]))) for i in range(3)]
+        await settle()
+        assert len(sched.queue) == 3 and not any(t.done() for t in waiting)
+        order = []
+        for p in (first, second):
+            sched.release(p, ok=True)
+            await settle()
+        while len(order) < 3:
+            done = [t for t in waiting if t.done() and t not in order]
+            assert done, "queue stalled"
+            for t in done:
+                order.append(t)
+                sched.release(t.result(), ok=True)
+            await settle()
+        return [t.result().job.rid for t in order]
+
+    assert asyncio.run(run()) == ["q0", "q1", "q2"]
+    assert pool.workers["w0"].inflight_flops == 0.0 and pool.workers["w0"].inflight_requests == 0
+
+
+def test_concurrent_dispatch_cannot_overshoot_theta():
+    cost = FLOPS.request_flops(0, 2 * PAGE + 1)
+    sched, pool, index = make(n=2, theta=cost * 0.5)  # one request saturates a worker
+
+    async def run():
+        tasks = [asyncio.ensure_future(sched.acquire(job(f"r{i}", [100 + i, 200 + i]))) for i in range(6)]
+        await settle()
+        assert sum(t.done() for t in tasks) == 2
+        assert all(w.inflight_requests == 1 for w in pool.workers.values())
+        assert len(sched.queue) == 4
+        for t in tasks:
+            t.cancel()
+
+    asyncio.run(run())
+
+
+def test_queue_bound_answers_with_retry_after():
+    sched, pool, index = make(n=1, theta=1.0, queue_size=2)
+
+    async def run():
+        await sched.acquire(job("a", [1]))
+        waiting = [asyncio.ensure_future(sched.acquire(job(f"q{i}", [2]))) for i in range(2)]
+        await settle()
+        with pytest.raises(QueueFull) as exc:
+            await sched.acquire(job("over", [3]))
+        assert exc.value.retry_after_s >= 1
+        for t in waiting:
+            t.cancel()
+
+    asyncio.run(run())
+
+
+def test_hot_prefix_spills_when_recompute_is_cheaper_than_waiting():
+    prefix = list(range(1, 9))  # 8 cached blocks (128 tokens), then a 64-token suffix
+    n = len(prefix) * PAGE + 64
+    hit = FLOPS.request_flops(len(prefix) * PAGE, 64)
+    full = FLOPS.request_flops(0, n)
+    assert 3 * hit > full  # waiting behind two hits costs more than recomputing the prefix elsewhere
+    sched, pool, index = make(n=2, theta=hit * 1.5)
+    w0 = pool.workers["w0"]
+    index.store(w0.slots[0], prefix)
+
+    async def run():
+        return [await sched.acquire(job(f"h{i}", prefix, n)) for i in range(3)]
+
+    placed = asyncio.run(run())
+    assert [p.worker.id for p in placed[:2]] == ["w0", "w0"]  # w0 below Θ before each
+    assert w0.inflight_flops >= w0.theta
+    assert placed[2].worker.id == "w1" and placed[2].reason.startswith("spill")
+    assert sched.stats.spills == 1
+
+
+def test_waits_for_best_worker_when_recompute_is_expensive_without_blocking_others():
+    prefix = list(range(1, 65))  # 64 cached blocks: recomputing them is far dearer than the load ahead
+    n = len(prefix) * PAGE + 1
+    hit_cost = FLOPS.request_flops(64 * PAGE, 1)
+    sched, pool, index = make(n=2, theta=hit_cost * 1.0, max_affinity_wait_s=60)
+    w0 = pool.workers["w0"]
+    index.store(w0.slots[0], prefix)
+
+    async def run():
+        first = await sched.acquire(job("h0", prefix, n))
+        assert first.worker is w0 and not w0.admissible
+        hot = asyncio.ensure_future(sched.acquire(job("h1", prefix, n)))
+        cold = asyncio.ensure_future(sched.acquire(job("c", [999])))
+        await settle()
+        assert not hot.done(), "should wait for w0 rather than recompute 64 blocks"
+        assert cold.done() and cold.result().worker.id == "w1", "head-of-line blocking"
+        sched.release(first, ok=True)
+        await settle()
+        assert hot.done() and hot.result().worker is w0
+
+    asyncio.run(run())
+
+
+@pytest.mark.parametrize("policy", ["round_robin", "least_flops"])
+def test_baseline_policies_ignore_affinity(policy):
+    sched, pool, index = make(n=2, policy=policy)
+
+    async def run():
+        return [(await sched.acquire(job(f"r{i}", [1, 2]))).worker.id for i in range(4)]
+
+    assert sorted(asyncio.run(run())) == ["w0", "w0", "w1", "w1"]
