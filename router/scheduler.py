@@ -247,8 +247,10 @@ class Scheduler:
             if choice is None:
                 self._note_decision(t0)
                 return None
-        placement = self._reserve(job, choice, reason, t0)
-        return placement
+        if log.isEnabledFor(logging.DEBUG):
+            reason += "; matched blocks per candidate: " + ", ".join(
+                f"{c.worker.id}={c.matched_blocks}{'' if c.worker.admissible else ' (saturated)'}" for c in cands)
+        return self._reserve(job, choice, reason, t0)
 
     def _longest_block_match(self, job: Job, cands: list[Candidate],
                              admissible: list[Candidate]) -> tuple[Candidate | None, str]:
