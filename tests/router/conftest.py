@@ -53,3 +53,22 @@ def router_factory(tmp_path):
     for r in routers:
         r.stop()
 
+
+
+@pytest.fixture
+def worker_factory(tmp_path):
+    """Start extra workers for one test (one that test may kill); all are stopped afterwards."""
+    started = []
+
+    def start(port=0):
+        w = WorkerProcess(log_path=tmp_path / f"worker{len(started)}.log", args=WORKER_ARGS, port=port).start()
+        started.append(w)
+        try:
+            w.info = w.wait_ready(timeout=600)
+        except WorkerStartError as exc:
+            pytest.fail(str(exc))
+        return w
+
+    yield start
+    for w in started:
+        w.stop()

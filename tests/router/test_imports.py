@@ -18,8 +18,9 @@ def test_router_imports_no_torch_or_sglang():
     assert result.returncode == 0, result.stderr
 
 
-def test_router_entry_point_says_it_is_not_available_yet():
-    result = subprocess.run([sys.executable, "-m", "sgl_moe.router", "--worker-urls", "http://127.0.0.1:1"],
-                            capture_output=True, text=True, timeout=60)
-    assert result.returncode == 2
-    assert "not implemented" in result.stderr
+def test_router_entry_point_rejects_bad_flags_in_one_line():
+    for args, needle in ((["--policy", "best"], "invalid choice"), (["--queue-size", "0"], "--queue-size"),
+                         (["--worker-urls", "127.0.0.1:30001"], "http://")):
+        result = subprocess.run([sys.executable, "-m", "sgl_moe.router", *args], capture_output=True, text=True,
+                                timeout=60)
+        assert result.returncode == 2 and needle in result.stderr.splitlines()[-1], result.stderr
