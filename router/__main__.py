@@ -8,7 +8,7 @@ import sys
 from aiohttp import web
 
 from sgl_moe.router.config import RouterConfig
-from sgl_moe.router.service import build_app
+from sgl_moe.router.service import build_app, tune_gc
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -21,6 +21,7 @@ def main(argv: list[str] | None = None) -> int:
     log = logging.getLogger("sgl_moe.router")
     log.info("router on http://%s:%d, policy %s, %d worker URL(s)", cfg.host, cfg.port, cfg.policy,
              len(cfg.worker_urls))
+    tune_gc()
     try:
         web.run_app(build_app(cfg), host=cfg.host, port=cfg.port, print=None, access_log=None,
                     handle_signals=True)

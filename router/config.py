@@ -34,7 +34,9 @@ class RouterConfig:
     worker never reports them stored (e.g. evicted at once, or KV events lost)."""
     health_interval_s: float = 2.0
     """Seconds between health checks of each worker."""
-    health_failures: int = 2
+    health_timeout_s: float = 5.0
+    """A health check not answered within this time counts as failed (a busy worker answers slowly)."""
+    health_failures: int = 3
     """Consecutive failed health checks that take a worker out of rotation (a refused connection during a
     request takes it out at once)."""
     request_timeout_s: float = 600.0
@@ -49,7 +51,7 @@ class RouterConfig:
         for name in ("queue_size", "health_failures"):
             if getattr(self, name) < 1:
                 raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
-        for name in ("queue_timeout_s", "pending_ttl_s", "health_interval_s", "request_timeout_s"):
+        for name in ("queue_timeout_s", "pending_ttl_s", "health_interval_s", "health_timeout_s", "request_timeout_s"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"--{name.replace('_', '-')} must be positive, got {getattr(self, name)}")
         if self.max_affinity_wait_s < 0:

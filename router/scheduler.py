@@ -22,6 +22,7 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 
+from sgl_moe.flops import FlopsModel
 from sgl_moe.router.block_index import BlockIndex
 from sgl_moe.router.config import RouterConfig
 from sgl_moe.router.pending import PendingLedger, Promise
@@ -82,13 +83,13 @@ class Placement:
     released: bool = False
 
 
-@dataclass
+@dataclass(slots=True)
 class Candidate:
     worker: Worker
     slot: int
     dp_rank: int
     matched_blocks: int
-    cached_tokens: list[int]
+    cached_tokens: tuple[int, ...]
     cost: float
 
     @property
@@ -106,7 +107,7 @@ class SchedulerStats:
     decision_seconds: list[float] = field(default_factory=list)
 
 
-def job_cost(worker: Worker, job: Job, cached: list[int]) -> float:
+def job_cost(worker: Worker, job: Job, cached: list[int] | tuple[int, ...]) -> float:
     """FLOPs the worker spends on the job given the cached prefix of each prompt (Eq. 2, causal).
 
     Prompts of one request that share a prefix (``/v1/score`` items after their query) compute it once.
@@ -214,17 +215,36 @@ class Scheduler:
         for w in workers:
             for slot in w.slots.values():
                 mask |= 1 << slot
-        matches = [self.index.match(keys, mask) if keys else {} for keys in job.keys] or [{}]
+        n_prompts = len(job.prompt_lens)
+        matches = [self.index.match(keys, mask) for keys in job.keys if keys]
+        matches += [{}] * (n_prompts - len(matches))
+        first = matches[0] if matches else {}
+        matched_slots = set().union(*matches) if n_prompts > 1 else set(first)
+        zero = (0,) * n_prompts
+        zero_cost: dict[FlopsModel, float] = {}
+        costs: dict[tuple, float] = {}  # workers with the same model and the same hits cost the same
         out = []
         for w in workers:
+            slots = w.slots
+            if len(slots) == 1:
+                (rank, slot), = slots.items()
+            else:  # the attention-DP rank holding the longest prefix of the first prompt takes the request
+                rank, slot = max(slots.items(), key=lambda rs: (first.get(rs[1], 0), -rs[0]))
+            if slot not in matched_slots:
+                cost = zero_cost.get(w.flops)
+                if cost is None:
+                    cost = zero_cost[w.flops] = job_cost(w, job, list(zero))
+                out.append(Candidate(w, slot, rank, 0, zero, cost))
+                continue
             page = w.page_size
-            # The rank holding the longest prefix of the first prompt takes the whole request.
-            rank, slot = max(w.slots.items(), key=lambda rs: (matches[0].get(rs[1], 0), -rs[0]))
-            cached = []
-            for n, m in zip(job.prompt_lens, matches + [{}] * (len(job.prompt_lens) - len(matches))):
-                # SGLang recomputes at least the last prompt token (it needs its logits).
-                cached.append(min(m.get(slot, 0) * page, ((n - 1) // page) * page))
-            out.append(Candidate(w, slot, rank, matches[0].get(slot, 0), cached, job_cost(w, job, cached)))
+            # SGLang recomputes at least the last prompt token (it needs its logits).
+            cached = tuple(min(m.get(slot, 0) * page, ((n - 1) // page) * page)
+                           for n, m in zip(job.prompt_lens, matches))
+            key = (w.flops, cached)
+            cost = costs.get(key)
+            if cost is None:
+                cost = costs[key] = job_cost(w, job, list(cached))
+            out.append(Candidate(w, slot, rank, first.get(slot, 0), cached, cost))
         return out
 
     def _try_place(self, job: Job) -> Placement | None:
@@ -297,7 +317,10 @@ class Scheduler:
         w.inflight_requests += 1
         w.peak_inflight_requests = max(w.peak_inflight_requests, w.inflight_requests)
         w.counters.requests += 1
-        keys = sorted({k for ks in job.keys for k in ks})
+        # Promise the blocks the target does not already hold: the matched prefix is there (committed or
+        # promised by an earlier request) and stays counted through that request's promise.
+        keys = job.keys[0][c.matched_blocks:] if len(job.keys) == 1 else list(
+            dict.fromkeys(k for ks in job.keys for k in ks))
         promise = self.ledger.promise(job.rid, c.slot, keys) if keys else None
         decision = self._note_decision(t0)
         queued = time.monotonic() - job.arrived

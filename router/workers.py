@@ -285,7 +285,7 @@ class WorkerPool:
 
     async def check(self, worker: Worker) -> None:
         try:
-            async with await self._get(f"{worker.url}/health", timeout=max(1.0, self.cfg.health_interval_s)) as r:
+            async with await self._get(f"{worker.url}/health", timeout=self.cfg.health_timeout_s) as r:
                 ok = r.status == 200
                 reason = f"GET /health answered {r.status}"
         except (aiohttp.ClientError, asyncio.TimeoutError) as exc:

@@ -190,6 +190,10 @@ def apply_platform(argv: list[str]):
             argv += ["--max-total-tokens", str(CPU_DEFAULT_MAX_TOTAL_TOKENS)]
         if not _has_flag(argv, "--mem-fraction-static"):
             argv += ["--mem-fraction-static", str(CPU_DEFAULT_MEM_FRACTION)]
+        if not _has_flag(argv, "--sleep-on-idle"):
+            # An idle scheduler otherwise polls at full speed: ~75% of a core each, which starves the
+            # other workers and the router on a small CPU machine.
+            argv += ["--sleep-on-idle"]
     plan.apply()
     logger.info("platform: %s", plan.reason)
     return plan, argv

@@ -1,54 +1,36 @@
-"""The router in front of real SGLang workers: hashing, tables, placement, admission, API behaviour."""
+"""The router in front of real SGLang workers: hashing, tables (cache flush, removal, lost events), placement,
+admission under Θ, spill, worker failures, API behaviour."""
 
 import concurrent.futures as cf
-import time
+import json
+import os
+import signal
+import threading
 import uuid
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import httpx
 import pytest
 
+from sgl_moe.router_client import generate, wait_until
+from sgl_moe.router_client import metric as _metric
+from sgl_moe.router_client import workers as _workers
+
 pytestmark = pytest.mark.worker
+
+
+def workers_state(router):
+    return _workers(router.url)
+
+
+def metric(router, name, **labels):
+    return _metric(router.url, name, **labels)
 
 
 def unique_text(words: int = 60) -> str:
     """Text no earlier test sent, so cache state from other tests cannot leak in."""
     tag = uuid.uuid4().hex
     return f"# {tag}\n" + " ".join(f"value_{tag[i % 32]}{i}" for i in range(words)) + "\n"
-
-
-def generate(url, text, max_new_tokens=1, **extra):
-    body = {"text": text, "sampling_params": {"max_new_tokens": max_new_tokens, "temperature": 0}, **extra}
-    return httpx.post(f"{url}/generate", json=body, timeout=120)
-
-
-def workers_state(router):
-    return {w["id"]: w for w in httpx.get(f"{router.url}/workers", timeout=10).json()["workers"]}
-
-
-def wait_until(predicate, timeout=15.0, what="condition"):
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
-def metric(router, name, **labels):
-    text = httpx.get(f"{router.url}/metrics", timeout=10).text
-    total, found = 0.0, False
-    for line in text.splitlines():
-        if not line.startswith(f"sgl_moe_router_{name}"):
-            continue
-        head, _, value = line.rpartition(" ")
-        if head.split("{")[0] not in (f"sgl_moe_router_{name}", f"sgl_moe_router_{name}_total"):
-            continue
-        if all(f'{k}="{v}"' in head for k, v in labels.items()):
-            total += float(value)
-            found = True
-    assert found, f"metric {name} {labels} not exported"
-    return total
 
 
 def test_prediction_matches_what_the_worker_reports(cluster, router_factory):
@@ -132,3 +114,157 @@ def test_bad_input_gets_a_clear_4xx_and_is_not_a_worker_failure(cluster, router_
     assert resp.status_code == status, resp.text
     assert needle.lower() in resp.json()["error"]["message"].lower()
     assert all(w["state"] == "healthy" and w["counters"]["failures"] == 0 for w in workers_state(router).values())
+
+
+def by_url(router):
+    return {w["url"]: w for w in workers_state(router).values()}
+
+
+def test_all_blocks_cleared_purges_the_committed_table(cluster, router_factory):
+    router = router_factory(cluster[:1])
+    generate(router.url, unique_text(80))
+    wait_until(lambda: by_url(router)[cluster[0].url]["committed_blocks"] > 0, what="blocks committed")
+    assert httpx.post(f"{cluster[0].url}/flush_cache", timeout=30).status_code == 200
+    wait_until(lambda: by_url(router)[cluster[0].url]["committed_blocks"] == 0, what="table purged")
+    assert metric(router, "kv_events_blocks", type="all_cleared") >= 1
+
+
+def test_removed_worker_leaves_no_state_and_can_rejoin(cluster, router_factory):
+    router = router_factory(cluster)
+    text = unique_text(80)
+    first = generate(router.url, text)
+    wid = first.headers["x-sgl-moe-worker"]
+    url = workers_state(router)[wid]["url"]
+    wait_until(lambda: workers_state(router)[wid]["committed_blocks"] > 0, what="blocks committed")
+    assert httpx.delete(f"{router.url}/workers/{wid}", timeout=10).json()["removed"] == wid
+    assert wid not in workers_state(router)
+    assert f'worker="{wid}"' not in httpx.get(f"{router.url}/metrics", timeout=10).text
+    # Without it the prefix has no home: the request runs elsewhere and is predicted uncached.
+    again = generate(router.url, text)
+    assert again.headers["x-sgl-moe-worker"] != wid and again.headers["x-sgl-moe-predicted-cached-tokens"] == "0"
+    assert httpx.delete(f"{router.url}/workers/{wid}", timeout=10).status_code == 404
+    # Re-added, it rebuilds its table from the worker's replay buffer (its cache still holds the prefix).
+    added = httpx.post(f"{router.url}/workers", json={"url": url}, timeout=30)
+    assert added.status_code == 201, added.text
+    new_id = added.json()["id"]
+    wait_until(lambda: workers_state(router)[new_id]["committed_blocks"] > 0, what="replayed table")
+    assert httpx.post(f"{router.url}/workers", json={"url": url}, timeout=30).status_code == 409
+
+
+def test_lost_event_batches_are_recovered_through_replay(cluster, router_factory):
+    probe = router_factory(cluster[:1])
+    last = workers_state(probe)["w0"]["events"][0]["last_seq"]
+    probe.stop()
+    # The router drops the next two live batches on receipt, as a lossy network would.
+    router = router_factory(cluster[:1], "--debug-drop-event-seqs", f"{last + 1},{last + 2}")
+    texts = [unique_text(50) for _ in range(3)]
+    for t in texts:
+        generate(router.url, t)
+    wait_until(lambda: metric(router, "kv_event_replays") >= 1, what="replay")
+    assert metric(router, "kv_event_gaps") >= 1
+    # Every block the worker stored is known: each prompt is predicted exactly as the worker reports.
+    for t in texts:
+        resp = generate(router.url, t + " tail")
+        assert int(resp.headers["x-sgl-moe-predicted-cached-tokens"]) == resp.json()["meta_info"]["cached_tokens"] > 0
+
+
+def test_saturated_workers_queue_requests_and_lose_none(cluster, router_factory):
+    # Θ far below one request's cost: each worker runs one request at a time, the rest wait in the queue.
+    router = router_factory(cluster, "--saturation-flops", "1000")
+    texts = [unique_text(60) for _ in range(10)]
+    with cf.ThreadPoolExecutor(10) as pool:
+        responses = list(pool.map(lambda t: generate(router.url, t), texts))
+    assert [r.status_code for r in responses] == [200] * 10
+    state = workers_state(router)
+    assert all(w["peak_inflight_requests"] == 1 for w in state.values()), state
+    assert sum(w["counters"]["requests"] for w in state.values()) == 10
+    assert all(w["inflight_flops"] == 0 and w["inflight_requests"] == 0 for w in state.values())
+    assert metric(router, "queued_requests") >= 5
+    assert max(float(r.headers["x-sgl-moe-queue-ms"]) for r in responses) > 0
+
+
+def test_full_queue_answers_429_with_retry_after(cluster, router_factory):
+    router = router_factory(cluster[:1], "--saturation-flops", "1000", "--queue-size", "1")
+    texts = [unique_text(400) for _ in range(8)]
+    with cf.ThreadPoolExecutor(8) as pool:
+        responses = list(pool.map(lambda t: generate(router.url, t), texts))
+    codes = sorted(r.status_code for r in responses)
+    assert 200 in codes and 429 in codes and set(codes) <= {200, 429}
+    rejected = next(r for r in responses if r.status_code == 429)
+    assert int(rejected.headers["retry-after"]) >= 1 and "queue" in rejected.json()["error"]["message"]
+
+
+def test_hot_prefix_spills_to_the_other_worker(cluster, router_factory):
+    # Short shared prefix, long distinct suffixes: waiting behind the hot worker costs more than
+    # recomputing the prefix on the idle one.
+    prefix = unique_text(20)
+    router = router_factory(cluster, "--saturation-flops", "1000", "--max-affinity-wait-s", "60")
+    with cf.ThreadPoolExecutor(6) as pool:
+        responses = list(pool.map(lambda i: generate(router.url, prefix + unique_text(200)), range(6)))
+    assert all(r.status_code == 200 for r in responses)
+    assert len({r.headers["x-sgl-moe-worker"] for r in responses}) == 2
+    assert metric(router, "spills") >= 1
+
+
+class _FakeInfoWorker(BaseHTTPRequestHandler):
+    """Serves a real worker's /sgl_moe/info with one field changed (isolates the discovery check)."""
+
+    info: dict = {}
+
+    def do_GET(self):  # noqa: N802
+        body = json.dumps(self.info).encode()
+        self.send_response(200 if self.path == "/sgl_moe/info" else 404)
+        self.send_header("content-type", "application/json")
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.mark.parametrize("change,needle", [({"page_size": 32}, "page size"), ({"model_name": "other"}, "model")])
+def test_incompatible_worker_is_refused(cluster, router_factory, change, needle):
+    router = router_factory(cluster[:1])
+    handler = type("H", (_FakeInfoWorker,), {"info": {**cluster[0].info, **change, "kv_events": []}})
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        resp = httpx.post(f"{router.url}/workers", json={"url": f"http://127.0.0.1:{server.server_port}"},
+                          timeout=10)
+    finally:
+        server.shutdown()
+    assert resp.status_code == 409 and needle in resp.json()["error"]["message"]
+    assert len(workers_state(router)) == 1
+
+
+def test_worker_killed_mid_request(cluster, worker_factory, router_factory):
+    """Prefill-only requests are retried once elsewhere; generation gets a clear 502; the dead worker leaves
+    rotation, and comes back (with an empty table) when it is restarted."""
+    victim = worker_factory()
+    router = router_factory([cluster[0], victim], "--health-interval-s", "0.5")
+    vid = by_url(router)[victim.url]["id"]
+    prefix = unique_text(40)
+    httpx.post(f"{victim.url}/generate", json={"text": prefix, "sampling_params": {"max_new_tokens": 1}},
+               timeout=60)  # the prefix lives on the victim only: the router sends its requests there
+    wait_until(lambda: workers_state(router)[vid]["committed_blocks"] > 0, what="victim blocks")
+    long_suffix = unique_text(500)
+    with cf.ThreadPoolExecutor(2) as pool:
+        prefill = pool.submit(generate, router.url, prefix + long_suffix)
+        decode = pool.submit(generate, router.url, prefix + long_suffix + " x", 200)
+        wait_until(lambda: workers_state(router)[vid]["inflight_requests"] == 2 or prefill.done() or decode.done(),
+                   what="both in flight")
+        assert not prefill.done() and not decode.done(), (prefill.result().text, decode.result().text)
+        os.killpg(victim.proc.pid, signal.SIGKILL)  # the whole worker: server, scheduler, detokenizer
+        victim.proc.wait(10)
+        prefill, decode = prefill.result(), decode.result()
+    assert prefill.status_code == 200 and prefill.headers["x-sgl-moe-worker"] != vid
+    assert decode.status_code == 502 and vid in decode.json()["error"]["message"]
+    assert metric(router, "retries") == 1
+    wait_until(lambda: workers_state(router)[vid]["state"] == "unhealthy", what="out of rotation")
+    # Restarted on the same port: back in rotation; the restart is detected and the old table dropped (the
+    # new instance's own blocks, e.g. from SGLang's warm-up request, arrive through its events).
+    worker_factory(port=victim.port)
+    state = wait_until(lambda: (s := workers_state(router)[vid])["state"] == "healthy" and s, timeout=30,
+                       what="back in rotation")
+    assert state["counters"]["restarts"] == 1
+    assert state["events"][0]["resets"] >= 2  # on connect, and when the publisher restarted

@@ -1,0 +1,206 @@
+"""Router benchmarks: routing-decision time at scale, and request rate against workers it cannot saturate.
+
+    .venv/bin/python benchmarks/router_bench.py [--workers 64] [--prompt-tokens 4096] [--requests 2000]
+                                                [--rate-seconds 10] [--concurrency 64]
+
+1. **Decision time** (in process): the real scheduler, block index and pending ledger with 64 workers whose
+   committed tables hold 4,096-token prompts; each request is a 4,096-token prompt that shares a prefix
+   of random length with one of them (or nothing). Reports p50/p99 of block hashing and of the decision
+   (match over all workers, cost per worker, choice, reservation), separately; tokenization is excluded.
+2. **Request rate** (real processes over HTTP): ``python -m sgl_moe.router`` in front of stand-in workers
+   that answer ``/generate`` at once (an aiohttp server serving a real ``/sgl_moe/info`` of the shipped
+   model), so the router, not the workers, is the bottleneck. The same load sent straight to one stand-in
+   shows what the load generator itself can do on this machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import random
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import aiohttp
+from aiohttp import web
+
+from sgl_moe import DEFAULT_MODEL_DIR
+from sgl_moe.flops import FlopsModel
+from sgl_moe.moe_args import MoeArgs
+from sgl_moe.router.block_hash import block_hashes
+from sgl_moe.router.block_index import BlockIndex
+from sgl_moe.router.config import RouterConfig
+from sgl_moe.router.pending import PendingLedger
+from sgl_moe.router.scheduler import Job, Scheduler
+from sgl_moe.router.service import tune_gc
+from sgl_moe.router.workers import Worker
+from sgl_moe.router_process import RouterProcess
+from sgl_moe.worker_info import build_info
+from sgl_moe.worker_process import free_port
+
+PAGE = 16
+
+
+def pct(values: list[float], q: float) -> float:
+    values = sorted(values)
+    return values[min(len(values) - 1, int(q * len(values)))]
+
+
+class _Pool:
+    def __init__(self, workers):
+        self.workers = {w.id: w for w in workers}
+
+    def routable(self, exclude=frozenset()):
+        return [w for w in self.workers.values() if w.id not in exclude]
+
+
+def decision_benchmark(n_workers: int, prompt_tokens: int, n_requests: int, seed: int = 0) -> dict:
+    rng = random.Random(seed)
+    config = json.loads((DEFAULT_MODEL_DIR / "config.json").read_text())
+    flops = FlopsModel.from_hf_config(config)
+    index = BlockIndex()
+    ledger = PendingLedger(index, ttl_s=10)
+    theta = flops.request_flops(0, prompt_tokens) * 8
+    workers = [Worker(id=f"w{i}", url="", info={"page_size": PAGE}, flops=flops, theta=theta, theta_source="bench",
+                      slots={0: index.add_target()}) for i in range(n_workers)]
+    # Each worker holds 4 distinct 4096-token documents; requests share a random-length prefix with one.
+    docs = []
+    for w in workers:
+        for _ in range(4):
+            doc = [rng.randrange(4096) for _ in range(prompt_tokens)]
+            docs.append(doc)
+            index.store(w.slots[0], block_hashes(doc, PAGE))
+    sched = Scheduler(RouterConfig(), _Pool(workers), index, ledger)
+    tune_gc()  # as the router process does at start-up
+    hash_s, decide_s = [], []
+    in_flight = []
+    for i in range(n_requests):
+        if rng.random() < 0.8:
+            doc = rng.choice(docs)
+            keep = rng.randrange(0, prompt_tokens)
+            prompt = doc[:keep] + [rng.randrange(4096) for _ in range(prompt_tokens - keep)]
+        else:
+            prompt = [rng.randrange(4096) for _ in range(prompt_tokens)]
+        t0 = time.perf_counter()
+        keys = block_hashes(prompt, PAGE)
+        hash_s.append(time.perf_counter() - t0)
+        job = Job(rid=str(i), prompt_lens=[len(prompt)], keys=[keys])
+        placement = sched._try_place(job)
+        assert placement is not None
+        decide_s.append(placement.decision_s)
+        in_flight.append(placement)
+        if len(in_flight) > 2 * n_workers:  # keep a steady in-flight population
+            sched.release(in_flight.pop(0), ok=True)
+    return {"workers": n_workers, "prompt_tokens": prompt_tokens, "requests": n_requests,
+            "hash_p50_us": pct(hash_s, 0.5) * 1e6, "hash_p99_us": pct(hash_s, 0.99) * 1e6,
+            "decision_p50_us": pct(decide_s, 0.5) * 1e6, "decision_p99_us": pct(decide_s, 0.99) * 1e6,
+            "hash_plus_decision_p99_us": pct([a + b for a, b in zip(hash_s, decide_s)], 0.99) * 1e6}
+
+
+def stand_in_worker_app() -> web.Application:
+    """Answers like a worker, instantly: enough for the router to discover it and proxy to it."""
+    config = json.loads((DEFAULT_MODEL_DIR / "config.json").read_text())
+    info = build_info(model_name=str(DEFAULT_MODEL_DIR), model_path=str(DEFAULT_MODEL_DIR),
+                      tokenizer_path=str(DEFAULT_MODEL_DIR), hf_config=config, instance_id="bench",
+                      context_length=4096, page_size=PAGE, step_tokens=4096, dp_size=1, kv_events_config=None,
+                      prefix_caching=True, device="none", sglang_version="stand-in", moe=MoeArgs())
+    reply = json.dumps({"text": "x", "output_ids": [5], "meta_info": {"prompt_tokens": 1, "cached_tokens": 0}})
+    tok = (DEFAULT_MODEL_DIR / "tokenizer.json").read_bytes()
+    tok_cfg = (DEFAULT_MODEL_DIR / "tokenizer_config.json").read_bytes()
+
+    async def generate(request):
+        await request.read()
+        return web.Response(text=reply, content_type="application/json")
+
+    app = web.Application()
+    app.router.add_get("/sgl_moe/info", lambda r: web.json_response(info))
+    app.router.add_get("/sgl_moe/tokenizer.json", lambda r: web.Response(body=tok, content_type="application/json"))
+    app.router.add_get("/sgl_moe/tokenizer_config.json",
+                       lambda r: web.Response(body=tok_cfg, content_type="application/json"))
+    app.router.add_get("/health", lambda r: web.Response(text="ok"))
+    app.router.add_post("/generate", generate)
+    return app
+
+
+async def drive(url: str, seconds: float, concurrency: int, prompt_words: int) -> dict:
+    rng = random.Random(1)
+    latencies: list[float] = []
+    errors = 0
+    stop = time.perf_counter() + seconds
+
+    async def client(session):
+        nonlocal errors
+        while time.perf_counter() < stop:
+            text = f"doc {rng.randrange(64)}: " + " ".join(f"w{rng.randrange(500)}" for _ in range(prompt_words))
+            body = {"text": text, "sampling_params": {"max_new_tokens": 1}}
+            t0 = time.perf_counter()
+            async with session.post(url + "/generate", json=body) as resp:
+                await resp.read()
+                if resp.status != 200:
+                    errors += 1
+            latencies.append(time.perf_counter() - t0)
+
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
+        t0 = time.perf_counter()
+        await asyncio.gather(*(client(session) for _ in range(concurrency)))
+        elapsed = time.perf_counter() - t0
+    return {"requests": len(latencies), "errors": errors, "req_per_s": len(latencies) / elapsed,
+            "p50_ms": pct(latencies, 0.5) * 1e3, "p99_ms": pct(latencies, 0.99) * 1e3}
+
+
+async def rate_benchmark(n_stand_ins: int, seconds: float, concurrency: int, prompt_words: int) -> dict:
+    runners, urls = [], []
+    for _ in range(n_stand_ins):
+        runner = web.AppRunner(stand_in_worker_app(), access_log=None)
+        await runner.setup()
+        port = free_port()
+        await web.TCPSite(runner, "127.0.0.1", port).start()
+        runners.append(runner)
+        urls.append(f"http://127.0.0.1:{port}")
+    router = RouterProcess(log_path=Path(".work/logs/bench-router.log"), worker_urls=urls,
+                           args=["--log-level", "warning"])
+    try:
+        router.start()
+        await asyncio.to_thread(router.wait_ready, 60)
+        direct = await drive(urls[0], seconds, concurrency, prompt_words)
+        via = await drive(router.url, seconds, concurrency, prompt_words)
+    finally:
+        router.stop()
+        for runner in runners:
+            await runner.cleanup()
+    return {"direct_to_stand_in": direct, "through_router": via, "stand_ins": n_stand_ins}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--workers", type=int, default=64)
+    parser.add_argument("--prompt-tokens", type=int, default=4096)
+    parser.add_argument("--requests", type=int, default=2000)
+    parser.add_argument("--rate-seconds", type=float, default=10.0)
+    parser.add_argument("--concurrency", type=int, default=64)
+    parser.add_argument("--stand-ins", type=int, default=4)
+    parser.add_argument("--prompt-words", type=int, default=200)
+    args = parser.parse_args(argv)
+    print(f"decision time: {args.workers} workers, {args.prompt_tokens}-token prompts, {args.requests} requests ...",
+          flush=True)
+    d = decision_benchmark(args.workers, args.prompt_tokens, args.requests)
+    print(f"  block hashing  p50 {d['hash_p50_us']:7.1f} us   p99 {d['hash_p99_us']:7.1f} us")
+    print(f"  decision       p50 {d['decision_p50_us']:7.1f} us   p99 {d['decision_p99_us']:7.1f} us "
+          f"(match + cost + choice + reservation; target p99 < 1000 us)")
+    print(f"  hash+decision  p99 {d['hash_plus_decision_p99_us']:7.1f} us")
+    print(f"request rate: router in front of {args.stand_ins} instant stand-in workers, {args.concurrency} "
+          f"concurrent clients, {args.prompt_words}-word prompts, {args.rate_seconds:.0f} s ...", flush=True)
+    r = asyncio.run(rate_benchmark(args.stand_ins, args.rate_seconds, args.concurrency, args.prompt_words))
+    for name in ("direct_to_stand_in", "through_router"):
+        x = r[name]
+        print(f"  {name:<20} {x['req_per_s']:8.0f} req/s   p50 {x['p50_ms']:6.1f} ms   p99 {x['p99_ms']:6.1f} ms   "
+              f"({x['requests']} requests, {x['errors']} errors)")
+    print(json.dumps({"decision": d, "rate": r}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
