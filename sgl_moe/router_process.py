@@ -13,7 +13,7 @@ from typing import Any
 
 import httpx
 
-from sgl_moe.worker_process import free_port
+from sgl_moe.worker_process import free_port, stop_process_group
 
 
 class RouterStartError(RuntimeError):
@@ -73,16 +73,7 @@ class RouterProcess:
         raise RouterStartError(f"router not ready after {timeout:.0f} s; log:\n{self.log_text()[-3000:]}")
 
     def stop(self, grace: float = 10.0) -> None:
-        if self.proc is None or self.proc.poll() is not None:
-            return
-        try:
-            os.killpg(self.proc.pid, signal.SIGINT)
-            self.proc.wait(grace)
-        except subprocess.TimeoutExpired:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait(10)
-        except ProcessLookupError:
-            pass
+        stop_process_group(self.proc, signal.SIGINT, grace)
 
     def __enter__(self) -> "RouterProcess":
         return self

@@ -29,6 +29,20 @@ def free_port(host: str = "127.0.0.1") -> int:
         return s.getsockname()[1]
 
 
+def stop_process_group(proc: subprocess.Popen | None, sig: int, grace: float) -> None:
+    """Send ``sig`` to the child's process group; SIGKILL it if it has not exited after ``grace`` seconds."""
+    if proc is None or proc.poll() is not None:
+        return
+    try:
+        os.killpg(proc.pid, sig)
+        proc.wait(grace)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(10)
+    except ProcessLookupError:
+        pass
+
+
 @dataclass
 class WorkerProcess:
     log_path: Path
@@ -108,16 +122,7 @@ class WorkerProcess:
         return total
 
     def stop(self, grace: float = 20.0) -> None:
-        if self.proc is None or self.proc.poll() is not None:
-            return
-        try:
-            os.killpg(self.proc.pid, signal.SIGTERM)
-            self.proc.wait(grace)
-        except subprocess.TimeoutExpired:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait(10)
-        except ProcessLookupError:
-            pass
+        stop_process_group(self.proc, signal.SIGTERM, grace)
 
     def __enter__(self) -> "WorkerProcess":
         return self

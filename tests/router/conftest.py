@@ -13,9 +13,10 @@ from sgl_moe.worker_process import WorkerProcess, WorkerStartError
 WORKER_ARGS = ["--max-total-tokens", "16384"]
 
 
-def start_workers(tmp_path_factory, n, name):
-    workers = [WorkerProcess(log_path=tmp_path_factory.mktemp(name) / f"worker{i}.log", args=WORKER_ARGS).start()
-               for i in range(n)]
+def _start_workers(folder, ports):
+    """Start workers side by side (they load in parallel), then wait for each."""
+    workers = [WorkerProcess(log_path=folder / f"worker{i}-{port}.log", args=WORKER_ARGS, port=port).start()
+               for i, port in enumerate(ports)]
     try:
         for w in workers:
             w.info = w.wait_ready(timeout=600)
@@ -28,7 +29,7 @@ def start_workers(tmp_path_factory, n, name):
 
 @pytest.fixture(scope="session")
 def cluster(tmp_path_factory):
-    workers = start_workers(tmp_path_factory, 2, "cluster")
+    workers = _start_workers(tmp_path_factory.mktemp("cluster"), [0, 0])
     yield workers
     for w in workers:
         w.stop()
@@ -54,19 +55,14 @@ def router_factory(tmp_path):
         r.stop()
 
 
-
 @pytest.fixture
 def worker_factory(tmp_path):
-    """Start extra workers for one test (one that test may kill); all are stopped afterwards."""
+    """Start an extra worker for one test (one the test may kill); all are stopped afterwards."""
     started = []
 
     def start(port=0):
-        w = WorkerProcess(log_path=tmp_path / f"worker{len(started)}.log", args=WORKER_ARGS, port=port).start()
+        [w] = _start_workers(tmp_path, [port])
         started.append(w)
-        try:
-            w.info = w.wait_ready(timeout=600)
-        except WorkerStartError as exc:
-            pytest.fail(str(exc))
         return w
 
     yield start
