@@ -58,13 +58,16 @@ def test_prediction_matches_what_the_worker_reports(cluster, router_factory):
 def test_burst_of_same_prefix_converges_on_one_worker(cluster, router_factory):
     router = router_factory(cluster)
     prefix = unique_text(120)
-    with cf.ThreadPoolExecutor(8) as pool:
-        responses = list(pool.map(lambda i: generate(router.url, prefix + f"item {i}"), range(8)))
+    with cf.ThreadPoolExecutor(9) as pool:
+        burst = [pool.submit(generate, router.url, prefix + f"item {i}") for i in range(8)]
+        # While the burst runs, a different prefix is balanced onto the other, idle worker.
+        busy = wait_until(lambda: [w for w, s in workers_state(router).items() if s["inflight_requests"]],
+                          what="burst in flight")
+        other = pool.submit(generate, router.url, unique_text(120)).result()
+        responses = [f.result() for f in burst]
     assert all(r.status_code == 200 for r in responses)
-    assert len({r.headers["x-sgl-moe-worker"] for r in responses}) == 1
-    # A different prefix is balanced onto the other, idle worker.
-    other = generate(router.url, unique_text(120))
-    assert other.headers["x-sgl-moe-worker"] != responses[0].headers["x-sgl-moe-worker"]
+    assert {r.headers["x-sgl-moe-worker"] for r in responses} == set(busy)
+    assert other.headers["x-sgl-moe-worker"] not in busy
 
 
 def test_router_forwards_token_ids_and_responses_are_unchanged(cluster, router_factory):
