@@ -7,9 +7,9 @@ from pathlib import Path
 import pytest
 
 import sgl_moe
-from sgl_moe.router.request_parsing import (CHAT_FIELDS, CHAT_VALIDATOR_INPUTS, COMPLETION_FIELDS,
-                                            DECISION_FIELDS, DEFAULT_COMPLETION_MAX_TOKENS,
-                                            DEFAULT_MAX_NEW_TOKENS, GENERATE_FIELDS, SCORE_FIELDS, Namespace,
+from sgl_moe.router.api_fields import (CHAT_FIELDS, CHAT_VALIDATOR_INPUTS, COMPLETION_FIELDS, DECISION_FIELDS,
+                                       GENERATE_FIELDS, SCORE_FIELDS)
+from sgl_moe.router.request_parsing import (DEFAULT_COMPLETION_MAX_TOKENS, DEFAULT_MAX_NEW_TOKENS, Namespace,
                                             RequestError, parse_request)
 from sgl_moe.router.router_tokenizer import RouterTokenizer
 
