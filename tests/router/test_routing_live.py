@@ -156,6 +156,8 @@ def test_removed_worker_leaves_no_state_and_can_rejoin(cluster, router_factory):
 
 def test_lost_event_batches_are_recovered_through_replay(cluster, router_factory):
     probe = router_factory(cluster[:1])
+    # The probe's connect-time replay must be over before its last sequence number is the worker's.
+    wait_until(lambda: workers_state(probe)["w0"]["events"][0]["replays"] >= 1, what="connect replay")
     last = workers_state(probe)["w0"]["events"][0]["last_seq"]
     probe.stop()
     # The router drops the next two live batches on receipt, as a lossy network would.
@@ -163,8 +165,8 @@ def test_lost_event_batches_are_recovered_through_replay(cluster, router_factory
     texts = [unique_text(50) for _ in range(3)]
     for t in texts:
         generate(router.url, t)
-    wait_until(lambda: metric(router, "kv_event_replays") >= 1, what="replay")
-    assert metric(router, "kv_event_gaps") >= 1
+    wait_until(lambda: metric(router, "kv_event_gaps") >= 1, what="gap detected")
+    wait_until(lambda: metric(router, "kv_event_replays") >= 2, what="gap replayed")  # after the connect replay
     # Every block the worker stored is known: each prompt is predicted exactly as the worker reports.
     for t in texts:
         resp = generate(router.url, t + " tail")
