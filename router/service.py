@@ -19,6 +19,7 @@ from aiohttp import web
 
 from sgl_moe.router.block_hash import block_hashes, salt_seed
 from sgl_moe.router.block_index import BlockIndex
+from sgl_moe.router.classify_route import classify
 from sgl_moe.router.config import RouterConfig
 from sgl_moe.router.metrics import RouterMetrics
 from sgl_moe.router.pending import PendingLedger
@@ -121,15 +122,23 @@ class Router:
         except RequestError as exc:
             return error_response(exc.status, exc.message, param=exc.param,
                                   kind="not_found_error" if exc.status == 404 else "invalid_request_error")
-        t_hash = time.perf_counter()
-        self.metrics.tokenize_seconds.observe(t_hash - t_tok)
-        job = self._job(rid, parsed)
-        self.metrics.hash_seconds.observe(time.perf_counter() - t_hash)
+        self.metrics.tokenize_seconds.observe(time.perf_counter() - t_tok)
         body = orjson.dumps(parsed.body)
         headers = {"content-type": "application/json"}
         for h in FORWARDED_HEADERS:
             if h in request.headers:
                 headers[h] = request.headers[h]
+        if parsed.stream:
+            return await self.run(rid, parsed, lambda p: self._stream(request, endpoint, body, headers, p))
+        return await self.run(rid, parsed, lambda p: self._forward(endpoint, body, headers, p, parsed))
+
+    async def run(self, rid: str, parsed: ParsedRequest, call) -> web.StreamResponse:
+        """Place the request, run ``call(placement)``, and retry a failed prefill-only request once elsewhere.
+
+        Every router-side refusal (queue full, queue timeout, no workers, worker failure) becomes a JSON error
+        response here, so callers always get a response object.
+        """
+        job = self._job(rid, parsed)
         retryable = parsed.prefill_only and not parsed.stream
         attempt = 0
         while True:
@@ -146,9 +155,7 @@ class Router:
             if placement.job.future is not None:
                 self.metrics.queue_wait_seconds.observe(placement.queued_s)
             try:
-                if parsed.stream:
-                    return await self._stream(request, endpoint, body, headers, placement)
-                return await self._forward(endpoint, body, headers, placement, parsed)
+                return await call(placement)
             except WorkerFailure as exc:
                 worker = placement.worker
                 worker.counters.failures += 1
@@ -167,6 +174,12 @@ class Router:
                                       kind="worker_failure")
 
     def _job(self, rid: str, parsed: ParsedRequest) -> Job:
+        t0 = time.perf_counter()
+        job = self._job_of(rid, parsed)
+        self.metrics.hash_seconds.observe(time.perf_counter() - t0)
+        return job
+
+    def _job_of(self, rid: str, parsed: ParsedRequest) -> Job:
         ns = parsed.namespace
         page = self.pool.page_size
         keys: list[list[int]] = []
@@ -339,6 +352,7 @@ def build_app(cfg: RouterConfig) -> web.Application:
     app["router"] = router
     for path in PROXIED:
         app.router.add_post(path, router.handle)
+    app.router.add_post("/v1/classify", lambda request: classify(router, request))
     app.router.add_get("/v1/models", router.models)
     app.router.add_get("/health", router.health)
     app.router.add_get("/metrics", router.metrics_text)
