@@ -1,0 +1,68 @@
+"""Per-policy figures from the driver's records, the comparison table, and the targets of issue 4."""
+
+from __future__ import annotations
+
+import statistics
+
+from sgl_moe.policy_bench.driver import Record
+
+
+def _pct(values: list[float], q: float) -> float:
+    if not values:
+        return float("nan")
+    s = sorted(values)
+    return s[min(len(s) - 1, int(round(q * (len(s) - 1))))]
+
+
+def summarize(policy: str, label: str, records: list[Record], wall_s: float, tasks: int, oracle_fraction: float) -> dict:
+    ok = [r for r in records if r.status == 200]
+    prompt = sum(r.prompt_tokens for r in ok)
+    cached = sum(r.cached_tokens for r in ok)
+    per_worker: dict[str, int] = {}
+    for r in ok:
+        per_worker[r.worker or "?"] = per_worker.get(r.worker or "?", 0) + 1
+    lat = [r.latency_s for r in ok]
+    return {
+        "policy": policy, "router": label, "requests": len(records), "tasks": tasks,
+        "failures": len(records) - len(ok),
+        "failure_examples": sorted({r.error or str(r.status) for r in records if r.status != 200})[:3],
+        "wall_s": wall_s, "throughput_rps": len(ok) / wall_s, "tasks_per_s": tasks / wall_s,
+        "prompt_tokens": prompt, "prompt_tokens_per_s": prompt / wall_s,
+        "cached_tokens": cached, "computed_tokens": prompt - cached,
+        "cached_fraction": cached / prompt if prompt else 0.0, "oracle_fraction": oracle_fraction,
+        "latency_p50_ms": _pct(lat, 0.5) * 1e3, "latency_p99_ms": _pct(lat, 0.99) * 1e3,
+        "latency_mean_ms": statistics.fmean(lat) * 1e3 if lat else float("nan"),
+        "requests_per_worker": per_worker,
+    }
+
+
+COLUMNS = (("router", "{:<32}"), ("throughput_rps", "{:>8.2f}"), ("prompt_tokens_per_s", "{:>9.0f}"),
+           ("cached_fraction", "{:>7.3f}"), ("oracle_fraction", "{:>7.3f}"), ("computed_tokens", "{:>9d}"),
+           ("latency_p50_ms", "{:>8.0f}"), ("latency_p99_ms", "{:>8.0f}"), ("failures", "{:>5d}"))
+HEADERS = ("router", "req/s", "prompt tok/s", "cached", "oracle", "computed", "p50 ms", "p99 ms", "fail")
+
+
+def table(rows: list[dict]) -> str:
+    widths = [len(fmt.format(0 if key != "router" else "")) for key, fmt in COLUMNS]
+    lines = ["  ".join(h.rjust(w) if i else h.ljust(w) for i, (h, w) in enumerate(zip(HEADERS, widths)))]
+    for row in rows:
+        lines.append("  ".join(fmt.format(row[key]) for key, fmt in COLUMNS))
+    return "\n".join(lines)
+
+
+def targets(rows: list[dict]) -> list[str]:
+    """Issue 4's targets on the aggregated mix, each with the measured ratio."""
+    by = {r["policy"]: r for r in rows}
+    out = []
+    lbm = by.get("longest_block_match")
+    if lbm is None:
+        return out
+    if lbm["oracle_fraction"] > 0:
+        ratio = lbm["cached_fraction"] / lbm["oracle_fraction"]
+        out.append(f"cached fraction / oracle = {ratio:.3f} (target >= 0.9): {'met' if ratio >= 0.9 else 'MISSED'}")
+    for other, goal in (("round_robin", 1.3), ("cache_aware", 1.1)):
+        if other in by and by[other]["throughput_rps"] > 0:
+            ratio = lbm["throughput_rps"] / by[other]["throughput_rps"]
+            out.append(f"throughput vs {other} = {ratio:.2f}x (target >= {goal}x): "
+                       f"{'met' if ratio >= goal else 'MISSED'}")
+    return out

@@ -1,0 +1,93 @@
+"""The routers under test, each started fresh in front of the same workers."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+
+from sgl_moe.router_process import RouterProcess
+from sgl_moe.worker_process import free_port, stop_process_group
+
+OURS = ("longest_block_match", "round_robin", "least_flops")
+SGLANG_ROUTER = ("cache_aware", "power_of_two")
+POLICIES = OURS + SGLANG_ROUTER
+
+
+def label(policy: str) -> str:
+    return f"sgl_moe {policy}" if policy in OURS else f"sglang-router {policy}"
+
+
+class RouterUnderTest:
+    """Either ``python -m sgl_moe.router --policy P`` or ``python -m sglang_router.launch_router --policy P``."""
+
+    def __init__(self, policy: str, worker_urls: list[str], log_path: Path, extra_args: list[str] | None = None):
+        if policy not in POLICIES:
+            raise ValueError(f"unknown policy {policy!r}; choose from {', '.join(POLICIES)}")
+        self.policy = policy
+        self.worker_urls = worker_urls
+        self.log_path = log_path
+        self.extra_args = extra_args or []
+        self.port = free_port()
+        self._ours: RouterProcess | None = None
+        self._proc: subprocess.Popen | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self, timeout: float = 120.0) -> None:
+        if self.policy in OURS:
+            self._ours = RouterProcess(log_path=self.log_path, worker_urls=self.worker_urls, port=self.port,
+                                       args=["--policy", self.policy, "--log-level", "info", *self.extra_args])
+            self._ours.start()
+            self._ours.wait_ready(timeout=timeout)
+            return
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.log_path, "wb") as log:
+            self._proc = subprocess.Popen(
+                [sys.executable, "-m", "sglang_router.launch_router", "--host", "127.0.0.1", "--port", str(self.port),
+                 "--worker-urls", *self.worker_urls, "--policy", self.policy, "--log-level", "warn",
+                 "--request-timeout-secs", "600", *self.extra_args],
+                stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        self._wait_sglang_router(timeout)
+
+    def _wait_sglang_router(self, timeout: float) -> None:
+        """Ready when it lists every worker as healthy (its /workers), or failing that answers a /generate."""
+        deadline = time.time() + timeout
+        with httpx.Client(timeout=10.0) as client:
+            while time.time() < deadline:
+                if self._proc.poll() is not None:
+                    raise RuntimeError(f"sglang-router exited ({self._proc.returncode}); log: {self.log_path}")
+                try:
+                    r = client.post(f"{self.url}/generate", json={"text": "ready?", "sampling_params":
+                                                                   {"max_new_tokens": 1, "temperature": 0}})
+                    if r.status_code == 200:
+                        return
+                except httpx.HTTPError:
+                    pass
+                time.sleep(0.5)
+        raise RuntimeError(f"sglang-router not ready after {timeout:.0f} s; log: {self.log_path}")
+
+    def stop(self) -> None:
+        if self._ours is not None:
+            self._ours.stop()
+        if self._proc is not None:
+            stop_process_group(self._proc, 15, 10.0)
+
+
+def flush_caches(worker_urls: list[str], timeout: float = 60.0) -> None:
+    """Empty every worker's prefix cache (SGLang refuses while requests run: retry until idle)."""
+    deadline = time.time() + timeout
+    for url in worker_urls:
+        while True:
+            r = httpx.post(f"{url}/flush_cache", timeout=30)
+            if r.status_code == 200:
+                break
+            if time.time() > deadline:
+                raise RuntimeError(f"{url} would not flush its cache: {r.status_code} {r.text[:200]}")
+            time.sleep(0.5)
