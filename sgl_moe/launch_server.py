@@ -25,7 +25,11 @@ logger = logging.getLogger("sgl_moe.launch_server")
 DEFAULT_PAGE_SIZE = 16
 CPU_DEFAULT_MAX_TOTAL_TOKENS = 131072
 """KV pool cap on CPU, so several workers fit in a small machine's memory."""
-CPU_DEFAULT_MEM_FRACTION = 0.05
+CPU_DEFAULT_MEM_FRACTION = 0.5
+"""On CPU SGLang requires the RAM still free after loading the weights to exceed (1 - fraction) x the RAM free
+before; other workers loading at the same moment count against it. 0.05 made the third of three workers
+started together fail ("Loaded weights leave no GPU memory for the KV cache"); the KV pool itself stays
+capped by ``--max-total-tokens``."""
 
 
 class LaunchError(Exception):
