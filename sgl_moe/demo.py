@@ -66,6 +66,8 @@ def run_demo(url: str, info: dict) -> None:
             shown = "  ".join(f"{label.strip()}={p:.3f}" for label, p in zip(labels, probs))
             print(f"  ...{prompt.splitlines()[-1].strip()!r:<28} -> {labels[best].strip():<12} ({shown})")
 
+        classify_demo(client)
+
         print("\nprefix cache: new prompts with the same file header, through /generate:")
         for i, body_text in enumerate(["def size(path):\n    return os.stat(path).st_size\n"] * 2 + [
                 "def name(path):\n    return os.path.basename(path)\n"]):
@@ -78,6 +80,29 @@ def run_demo(url: str, info: dict) -> None:
             print(f"  request {i + 1}: {meta['prompt_tokens']} prompt tokens, {meta['cached_tokens']} served from "
                   f"the prefix cache{routed}")
             time.sleep(0.2)  # let the worker's KV events reach the router
+
+
+def classify_demo(client: httpx.Client) -> None:
+    """The router's prefill-only API: a single choice and a multi-selection (siblings sharing a prefix)."""
+    doc = SHARED_PREFIX + "def read_config(path):\n    with open(path) as f:\n        return json.load(f)\n\n"
+    body = {"inputs": [
+        {"id": "choice", "type": "choice", "prompt": doc + "# Which module does read_config need?",
+         "choices": ["json", "socket", "math"]},
+        {"id": "multi", "type": "multi", "prompt": doc + "# Modules this file uses",
+         "choices": ["os", "sys", "json", "socket"]},
+    ]}
+    t0 = time.time()
+    resp = client.post("/v1/classify", json=body)
+    if resp.status_code != 200:
+        raise SystemExit(f"/v1/classify failed ({resp.status_code}): {resp.text[:500]}")
+    out = resp.json()
+    print(f"\n/v1/classify: one call, {out['usage']['score_requests']} prefills "
+          f"({out['usage']['prompt_tokens']} prompt tokens), {time.time() - t0:.2f} s:")
+    choice, multi = out["results"]
+    print(f"  single choice : answer {choice['answer']} ({choice['choices'][choice['index']]}); "
+          + "  ".join(f"{i}={p:.3f}" for i, p in zip(choice["ids"], choice["probs"])))
+    print(f"  multi-selection (one sibling per candidate, P(yes) each, on workers {', '.join(multi['workers'])}): "
+          + "  ".join(f"{c}={p:.3f}" for c, p in zip(multi["choices"], multi["probs"])))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -16,7 +16,8 @@ import httpx
 
 from sgl_moe.policy_bench.driver import run_stream
 from sgl_moe.policy_bench.report import summarize, table, targets
-from sgl_moe.policy_bench.routers import POLICIES, RouterUnderTest, flush_caches, label
+from sgl_moe.policy_bench.routers import OURS, POLICIES, RouterUnderTest, flush_caches, label
+from sgl_moe.router_client import metric
 from sgl_moe.policy_bench.stream import build_stream, oracle_cached_tokens
 from sgl_moe.router.router_tokenizer import RouterTokenizer
 from sgl_moe.worker_process import WorkerProcess
@@ -49,6 +50,17 @@ def start_workers(n: int, log_dir: Path, extra: list[str]) -> list[WorkerProcess
         w.wait_ready(timeout=900, progress=lambda s: print(f"  waiting for workers ({s:.0f} s)", file=sys.stderr))
     print(f"{n} workers ready in {time.time() - t0:.0f} s", file=sys.stderr)
     return workers
+
+
+def router_stats(router: RouterUnderTest) -> dict[str, float]:
+    """This router's own account of the run: holds for promised prefixes, spills, queueing, predictions."""
+    out = {}
+    for name in ("prefix_waits", "spills", "queued_requests", "predicted_cached_tokens", "reported_cached_tokens"):
+        try:
+            out[name] = metric(router.url, name)
+        except KeyError:
+            pass
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -86,9 +98,11 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{label(policy)}: running", file=sys.stderr)
             try:
                 records, wall = asyncio.run(run_stream(router.url, units, args.concurrency))
+                stats = router_stats(router) if policy in OURS else {}
             finally:
                 router.stop()
             rows.append(summarize(policy, label(policy), records, wall, args.requests, oracle))
+            rows[-1]["router_stats"] = stats
             r = rows[-1]
             print(f"{label(policy)}: {r['throughput_rps']:.2f} req/s, cached {r['cached_fraction']:.3f}, "
                   f"{r['failures']} failures", file=sys.stderr)
