@@ -102,7 +102,7 @@ def classify_demo(client: httpx.Client) -> None:
     print(f"  single choice : answer {choice['answer']} ({choice['choices'][choice['index']]}); "
           + "  ".join(f"{i}={p:.3f}" for i, p in zip(choice["ids"], choice["probs"])))
     print(f"  multi-selection (one sibling per candidate, P(yes) each, on workers {', '.join(multi['workers'])}): "
-          + "  ".join(f"{c}={p:.3f}" for c, p in zip(multi["choices"], multi["probs"])))
+          + "  ".join(f"{c}={p:.3g}" for c, p in zip(multi["choices"], multi["probs"])))
 
 
 def main(argv: list[str] | None = None) -> int:
