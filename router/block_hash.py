@@ -34,6 +34,16 @@ def block_hashes(token_ids: Sequence[int], page_size: int, seed: bytes | None = 
 
     ``seed``: digest the first page chains onto (``salt_seed(cache_salt)``); ``None`` for plain requests.
     """
+    return block_hash_chain(token_ids, page_size, seed)[0]
+
+
+def block_hash_chain(token_ids: Sequence[int], page_size: int,
+                     seed: bytes | None = None) -> tuple[list[BlockHash], bytes | None]:
+    """``block_hashes`` and the full digest of the last page hashed (``seed`` if none was).
+
+    Hashing the tokens that follow with that digest as ``seed`` continues the chain: for ``a`` a whole
+    number of pages, ``block_hashes(a + b) == block_hashes(a) + block_hash_chain(b, p, chain(a)[1])[0]``.
+    """
     if page_size <= 0:
         raise ValueError(f"page_size must be positive, got {page_size}")
     tokens = array.array("I", token_ids)  # uint32; OverflowError for ids outside it, as in SGLang
@@ -47,4 +57,4 @@ def block_hashes(token_ids: Sequence[int], page_size: int, seed: bytes | None = 
     for offset in range(0, (len(token_ids) // page_size) * step, step):
         parent = sha256(parent + data[offset : offset + step]).digest()
         hashes.append(BlockHash(to_int(parent[:8], "big", signed=True)))
-    return hashes
+    return hashes, parent or seed

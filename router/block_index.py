@@ -99,19 +99,30 @@ class BlockIndex:
         Returns ``{slot: matched_blocks}`` for targets with at least one matched block.
         """
         result: dict[int, int] = {}
+        for blocks, mask in self.match_groups(hashes, slots_mask):
+            _record(result, mask, blocks)
+        return result
+
+    def match_groups(self, hashes: Sequence[int], slots_mask: int) -> list[tuple[int, int]]:
+        """The same match as groups: ``(matched_blocks, mask of the targets that matched exactly that many)``,
+        longest first, each with at least one block; the masks are disjoint."""
+        groups: list[tuple[int, int]] = []
         live = slots_mask
         get = self._index.get
         for i, h in enumerate(hashes):
             have = get(h, 0) & live
             dropped = live & ~have
             if dropped:
-                _record(result, dropped, i)
+                if i:
+                    groups.append((i, dropped))
                 live = have
                 if not live:
-                    return result
-        if live:
-            _record(result, live, len(hashes))
-        return result
+                    break
+        else:
+            if live and hashes:
+                groups.append((len(hashes), live))
+        groups.reverse()
+        return groups
 
     def committed_prefix(self, slot: int, hashes: Sequence[int]) -> int:
         """Leading blocks of ``hashes`` in the target's committed table alone."""

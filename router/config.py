@@ -29,6 +29,12 @@ class RouterConfig:
     """A request that waited this long for admission is answered 503."""
     max_affinity_wait_s: float = 2.0
     """Longest a queued request waits for its best-matching (saturated) worker while another has room."""
+    prefix_wait_s: float = 30.0
+    """``longest_block_match``: a request whose best match ends in blocks only *promised* by a request still
+    running on that worker waits (up to this long) until they are stored, then reuses them instead of
+    computing the same prefix in the same batch. 0 disables the wait."""
+    prefix_wait_min_tokens: int = 64
+    """Hold a request for promised blocks only when they cover at least this many tokens."""
     pending_ttl_s: float = 10.0
     """Safety net: a completed request's pending blocks are dropped this long after completion even if the
     worker never reports them stored (e.g. evicted at once, or KV events lost)."""
@@ -54,6 +60,8 @@ class RouterConfig:
         for name in ("queue_timeout_s", "pending_ttl_s", "health_interval_s", "health_timeout_s", "request_timeout_s"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"--{name.replace('_', '-')} must be positive, got {getattr(self, name)}")
+        if self.prefix_wait_s < 0 or self.prefix_wait_min_tokens < 0:
+            raise ValueError("--prefix-wait-s and --prefix-wait-min-tokens must be >= 0")
         if self.max_affinity_wait_s < 0:
             raise ValueError(f"--max-affinity-wait-s must be >= 0, got {self.max_affinity_wait_s}")
         if self.saturation_flops is not None and not self.saturation_flops > 0:

@@ -107,6 +107,8 @@ class _StateCollector:
         yield depth
         for name, doc, value in (
             ("spills", "Requests sent to a worker other than the best-matching (saturated) one", sched.stats.spills),
+            ("prefix_waits", "Requests that waited for prefix blocks another request was computing on their worker",
+             sched.stats.prefix_waits),
             ("queued_requests", "Requests that had to wait in the admission queue", sched.stats.queued),
             ("rejected_queue_full", "Requests answered 429 because the queue was full",
              sched.stats.rejected_queue_full),

@@ -10,6 +10,12 @@
   capacity appears. A request waiting for its saturated best-matching worker does not block the
   requests behind it (no head-of-line blocking).
 - **Policies**: ``longest_block_match`` (default), ``round_robin``, ``least_flops``; all share the above.
+- **Scale**: with one Θ and one FLOPs model for all workers (``LoadOrder.uniform``), a decision scores
+  the workers holding a prefix of the request plus the least-loaded admissible rest, found in a view
+  sorted by in-flight FLOPs; otherwise (and for debug logs, which list every worker) every worker is
+  scored. Both paths choose the same worker.
+- **Time** comes from ``clock`` (``time.monotonic`` by default), so a simulator can drive the scheduler
+  on a virtual clock.
 """
 
 from __future__ import annotations
@@ -20,11 +26,13 @@ import logging
 import math
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from sgl_moe.flops import FlopsModel
 from sgl_moe.router.block_index import BlockIndex
 from sgl_moe.router.config import RouterConfig
+from sgl_moe.router.load_order import LoadOrder
 from sgl_moe.router.pending import PendingLedger, Promise
 from sgl_moe.router.workers import Worker, WorkerPool
 
@@ -65,6 +73,8 @@ class Job:
     waiting_for: str | None = None
     """The saturated worker this queued job chose to wait for, and its cost there."""
     waiting_cost: float = 0.0
+    held: bool = False
+    """Waited (or waits) for promised prefix blocks to be stored (see Scheduler._hold_for_prefix)."""
 
 
 @dataclass(eq=False)
@@ -104,6 +114,7 @@ class SchedulerStats:
     rejected_queue_full: int = 0
     queue_timeouts: int = 0
     spills: int = 0
+    prefix_waits: int = 0
     decision_seconds: list[float] = field(default_factory=list)
 
 
@@ -127,16 +138,24 @@ def job_cost(worker: Worker, job: Job, cached: list[int] | tuple[int, ...]) -> f
 
 
 class Scheduler:
-    def __init__(self, cfg: RouterConfig, pool: WorkerPool, index: BlockIndex, ledger: PendingLedger) -> None:
+    def __init__(self, cfg: RouterConfig, pool: WorkerPool, index: BlockIndex, ledger: PendingLedger,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.cfg = cfg
         self.pool = pool
         self.index = index
         self.ledger = ledger
+        self.clock = clock
+        """Seconds on a monotonic clock: queue waits, affinity waits and promise completion times."""
         self.queue: deque[Job] = deque()
         self.stats = SchedulerStats()
         self._rr = itertools.count()
         self._decision_window: deque[float] = deque(maxlen=4096)
         self.queue_wait: deque[float] = deque(maxlen=4096)
+        self.scan_all = False
+        """Score every worker on every decision (the reference path; debug logging also takes it)."""
+        self._view: LoadOrder | None = None
+        self._ahead: dict[str, float] | None = None
+        """During a pump: FLOPs of the jobs already passed that wait for each worker (see _queued_cost_before)."""
 
     # -- public ------------------------------------------------------------------------------
     async def acquire(self, job: Job) -> Placement:
@@ -178,33 +197,57 @@ class Scheduler:
         placement.released = True
         worker = placement.worker
         worker.inflight_requests -= 1
+        before = worker.inflight_flops
         # The same number that was added at dispatch; exactly zero when idle (no float residue).
         worker.inflight_flops = worker.inflight_flops - placement.cost if worker.inflight_requests else 0.0
+        if self._view is not None:
+            self._view.moved(worker, before)
         if placement.promise is not None:
             if ok:
-                self.ledger.complete(placement.promise)
+                self.ledger.complete(placement.promise, now=self.clock())
             else:
                 self.ledger.fail(placement.promise)
         self.pump()
 
     def pump(self) -> None:
-        """Place queued requests, in FIFO order, while some worker has room."""
+        """Place queued requests, in FIFO order, while some worker has room.
+
+        Nothing here awaits, so the queue and the workers change only through this loop: whether any
+        worker has room changes only when a job is placed, and the jobs before the current one are
+        exactly those this loop kept, which lets it keep their waiting costs as running sums.
+        """
         scanned = 0
-        for job in list(self.queue):
-            if job.future is None or job.future.done():
-                self._drop(job)
-                continue
-            if not self.pool.routable(job.exclude):
-                job.future.set_exception(NoWorkers("no healthy worker is available"))
-                self._drop(job)
-                continue
-            if not any(w.admissible for w in self.pool.workers.values()) or scanned >= PUMP_SCAN_LIMIT:
-                break
-            scanned += 1
-            placement = self._try_place(job)
-            if placement is not None:
-                job.future.set_result(placement)
-                self._drop(job)
+        queue = self.queue
+        room: bool | None = None  # whether some worker has room; computed when first needed
+        outer, self._ahead = self._ahead, {}
+        ahead = self._ahead
+        try:
+            i = 0
+            while i < len(queue):
+                job = queue[i]
+                if job.future is None or job.future.done():
+                    del queue[i]
+                    continue
+                if not self.pool.routable(job.exclude):
+                    job.future.set_exception(NoWorkers("no healthy worker is available"))
+                    del queue[i]
+                    continue
+                if room is None:
+                    room = self._any_admissible()
+                if not room or scanned >= PUMP_SCAN_LIMIT:
+                    break
+                scanned += 1
+                placement = self._try_place(job)
+                if placement is not None:
+                    job.future.set_result(placement)
+                    del queue[i]
+                    room = None
+                    continue
+                if job.waiting_for is not None:
+                    ahead[job.waiting_for] = ahead.get(job.waiting_for, 0.0) + job.waiting_cost
+                i += 1
+        finally:
+            self._ahead = outer
 
     def decision_times(self) -> list[float]:
         return list(self._decision_window)
@@ -247,9 +290,165 @@ class Scheduler:
             out.append(Candidate(w, slot, rank, first.get(slot, 0), cached, cost))
         return out
 
+    def _uniform_view(self, workers: list[Worker]) -> LoadOrder | None:
+        """The load-ordered view of ``workers`` (rebuilt when the routable list changed), if uniform."""
+        view = self._view
+        if view is None or view.stale or view.key != tuple(workers):
+            view = self._view = LoadOrder(workers)
+        return view if view.uniform else None
+
+    def _any_admissible(self) -> bool:
+        view = None if self.scan_all else self._uniform_view(self.pool.routable())
+        if view is not None:
+            return view.any_admissible()
+        return any(w.admissible for w in self.pool.workers.values())
+
+    def _matched_candidates(self, job: Job, view: LoadOrder) -> tuple[list[Candidate], int]:
+        """Candidates for the workers holding a prefix of some prompt, scored as ``_candidates`` scores
+        them, and the slot mask of those workers (every other worker holds nothing of the job)."""
+        n_prompts = len(job.prompt_lens)
+        matches = [self.index.match(keys, view.mask) for keys in job.keys if keys]
+        matches += [{}] * (n_prompts - len(matches))
+        first = matches[0] if matches else {}
+        matched_slots = set().union(*matches) if n_prompts > 1 else set(first)
+        zero = (0,) * n_prompts
+        owner = view.owner
+        matched_workers = {owner[s].id: owner[s] for s in matched_slots}
+        out = []
+        skip = 0
+        costs: dict[tuple, float] = {}
+        for w in matched_workers.values():
+            skip |= view.bits[w.id]
+            slots = w.slots
+            if len(slots) == 1:
+                (rank, slot), = slots.items()
+            else:
+                rank, slot = max(slots.items(), key=lambda rs: (first.get(rs[1], 0), -rs[0]))
+            if slot not in matched_slots:
+                out.append(Candidate(w, slot, rank, 0, zero, job_cost(w, job, list(zero))))
+                continue
+            page = w.page_size
+            cached = tuple(min(m.get(slot, 0) * page, ((n - 1) // page) * page)
+                           for n, m in zip(job.prompt_lens, matches))
+            cost = costs.get(cached)
+            if cost is None:
+                cost = costs[cached] = job_cost(w, job, list(cached))
+            out.append(Candidate(w, slot, rank, first.get(slot, 0), cached, cost))
+        return out, skip
+
+    @staticmethod
+    def _candidate_of(job: Job, w: Worker, groups: list[tuple[int, int]]) -> Candidate:
+        """One single-slot worker scored for a one-prompt job, given the match as ``match_groups``."""
+        (rank, slot), = w.slots.items()
+        bit = 1 << slot
+        blocks = next((b for b, mask in groups if mask & bit), 0)
+        if not blocks:
+            return Candidate(w, slot, rank, 0, (0,), job_cost(w, job, [0]))
+        page, n = w.page_size, job.prompt_lens[0]
+        cached = (min(blocks * page, ((n - 1) // page) * page),)
+        return Candidate(w, slot, rank, blocks, cached, job_cost(w, job, list(cached)))
+
+    def _place_in_view(self, job: Job, view: LoadOrder, workers: list[Worker], t0: float) -> Placement | None:
+        """``_try_place`` without scoring every worker; chooses the same worker (and reason).
+
+        One Θ and one FLOPs model for all: every worker holding nothing of the job costs the same, and
+        each ordering the policies use (load; load after the job) is monotone in in-flight FLOPs, so
+        the best of those workers is found in ``view``. Among the holders of a prefix, the policy's
+        rank is (matched blocks, lower load, higher id): the longest group first, then load order.
+        """
+        if len(job.prompt_lens) != 1 or not view.single_slot:
+            return self._place_among_matched(job, view, workers, t0)
+        policy = self.cfg.policy
+        keys = job.keys[0]
+        groups = self.index.match_groups(keys, view.mask) if keys else []
+        if policy == "round_robin":
+            room = [w for w in workers if w.admissible]
+            if not room:
+                return None
+            job.waiting_for = None
+            w = room[next(self._rr) % len(room)]
+            return self._reserve(job, self._candidate_of(job, w, groups), "round robin", t0)
+        if not view.any_admissible():
+            return None
+        job.waiting_for = None
+        theta = view.theta
+        if policy == "least_flops":
+            w = view.least(lambda x: x / theta, highest_id=False)
+            return self._reserve(job, self._candidate_of(job, w, groups), "least in-flight FLOPs / Θ", t0)
+        if not groups:
+            free = job_cost(workers[0], job, [0])
+            w = view.least(lambda x: (x + free) / theta, highest_id=False)
+            return self._reserve(job, self._candidate_of(job, w, groups),
+                                 "no prefix match anywhere: least loaded after this request", t0)
+        best = self._candidate_of(job, view.best_in(groups[0][1], admissible=False), groups)
+        if best.worker.admissible:
+            return self._reserve(job, best, f"longest prefix match ({best.matched_blocks} blocks)", t0)
+        alt_w = None
+        for _, mask in groups:
+            alt_w = view.best_in(mask, admissible=True)
+            if alt_w is not None:
+                break
+        else:
+            matched = 0
+            for _, mask in groups:
+                matched |= mask
+            alt_w = view.least(lambda x: x / theta, highest_id=True, skip=matched)
+        alt = self._candidate_of(job, alt_w, groups)
+        choice, reason = self._longest_block_match(job, [best, alt], [alt])
+        if choice is None:
+            self._note_decision(t0)
+            return None
+        return self._reserve(job, choice, reason, t0)
+
+    def _place_among_matched(self, job: Job, view: LoadOrder, workers: list[Worker],
+                             t0: float) -> Placement | None:
+        """The fast path for several prompts or DP ranks: every worker holding a prefix, scored, plus
+        the least-loaded admissible other worker by each key the policy uses."""
+        policy = self.cfg.policy
+        if policy == "round_robin":
+            room = [w for w in workers if w.admissible]
+            if not room:
+                return None
+            job.waiting_for = None
+            w = room[next(self._rr) % len(room)]
+            cands, _ = self._matched_candidates(job, view)
+            zero = (0,) * len(job.prompt_lens)
+            choice = next((c for c in cands if c.worker is w), None)
+            if choice is None:
+                rank, slot = min(w.slots.items())  # nothing matched: the lowest DP rank, as _candidates picks
+                choice = Candidate(w, slot, rank, 0, zero, job_cost(w, job, list(zero)))
+            return self._reserve(job, choice, "round robin", t0)
+        cands, skip = self._matched_candidates(job, view)
+        theta = view.theta
+        zero = (0,) * len(job.prompt_lens)
+        free = job_cost(workers[0], job, list(zero))
+        reps = [view.least(lambda x: x / theta, highest_id=policy != "least_flops", skip=skip)]
+        if policy != "least_flops":
+            reps.append(view.least(lambda x: (x + free) / theta, highest_id=False, skip=skip))
+        for w in dict.fromkeys(r for r in reps if r is not None):
+            rank, slot = min(w.slots.items())  # nothing matched: the lowest DP rank, as _candidates picks
+            cands.append(Candidate(w, slot, rank, 0, zero, free))
+        admissible = [c for c in cands if c.worker.admissible]
+        if not admissible:
+            return None
+        job.waiting_for = None
+        if policy == "least_flops":
+            choice = min(admissible, key=lambda c: (c.load, c.worker.id))
+            reason = "least in-flight FLOPs / Θ"
+        else:
+            choice, reason = self._longest_block_match(job, cands, admissible)
+            if choice is None:
+                self._note_decision(t0)
+                return None
+        return self._reserve(job, choice, reason, t0)
+
     def _try_place(self, job: Job) -> Placement | None:
         t0 = time.perf_counter()
         workers = self.pool.routable(job.exclude)
+        if workers and not job.exclude and not self.scan_all and not log.isEnabledFor(logging.DEBUG):
+            view = self._uniform_view(workers)
+            if view is not None:
+                return self._place_in_view(job, view, workers, t0)
         cands = self._candidates(job, workers)
         admissible = [c for c in cands if c.worker.admissible]
         if not admissible:
@@ -289,7 +488,7 @@ class Scheduler:
         ahead = best.worker.inflight_flops + self._queued_cost_before(job, best.worker)
         wait_finish = ahead + best.cost
         spill_finish = alt.worker.inflight_flops + alt.cost
-        waited = time.monotonic() - job.arrived
+        waited = self.clock() - job.arrived
         if spill_finish < wait_finish:
             self.stats.spills += 1
             return alt, (f"spill: best {best.worker.id} ({best.matched_blocks} blocks) is saturated; recomputing "
@@ -302,6 +501,8 @@ class Scheduler:
 
     def _queued_cost_before(self, job: Job, worker: Worker) -> float:
         """FLOPs of the requests ahead in the queue that also wait for ``worker``."""
+        if self._ahead is not None:  # inside pump: the same sum, kept as the loop passes those jobs
+            return self._ahead.get(worker.id, 0.0)
         ahead = 0.0
         for other in self.queue:
             if other is job:
@@ -310,10 +511,46 @@ class Scheduler:
                 ahead += other.waiting_cost
         return ahead
 
-    def _reserve(self, job: Job, c: Candidate, reason: str, t0: float) -> Placement:
+    def _hold_for_prefix(self, job: Job, c: Candidate) -> bool:
+        """Whether ``job`` should wait for blocks ``c`` only has promised (in-batch prefix sharing).
+
+        SGLang computes a shared prefix once per request when several requests holding it arrive
+        together (its radix cache learns the prefix only after a prefill). A request whose matched
+        prefix is still being computed for another request on the same worker therefore waits for the
+        BlockStored events (each re-scores the queue) and then reuses the blocks, as seed 000 §7.2's
+        in-batch siblings do. Bounded by ``prefix_wait_s``; a failed promise ends the wait at once.
+        """
+        cfg = self.cfg
+        if cfg.policy != "longest_block_match" or cfg.prefix_wait_s <= 0 or not job.keys or not c.matched_blocks:
+            return False
+        committed = self.index.committed_prefix(c.slot, job.keys[0][:c.matched_blocks])
+        if (c.matched_blocks - committed) * c.worker.page_size < max(cfg.prefix_wait_min_tokens, 1):
+            return False
+        waited = self.clock() - job.arrived
+        if waited >= cfg.prefix_wait_s:
+            return False
+        if not job.held:
+            job.held = True
+            self.stats.prefix_waits += 1
+            try:  # re-score when the wait runs out even if nothing else happens meanwhile
+                asyncio.get_running_loop().call_later(cfg.prefix_wait_s - waited + 1e-3, self.pump)
+            except RuntimeError:  # no event loop (simulator, unit tests drive pump themselves)
+                pass
+        job.waiting_for, job.waiting_cost = c.worker.id, c.cost
+        if log.isEnabledFor(logging.DEBUG):
+            log.debug("hold %s for %s: %d of %d matched blocks are still being computed there",
+                      job.rid, c.worker.id, c.matched_blocks - committed, c.matched_blocks)
+        return True
+
+    def _reserve(self, job: Job, c: Candidate, reason: str, t0: float) -> Placement | None:
+        if self._hold_for_prefix(job, c):
+            self._note_decision(t0)
+            return None
         w = c.worker
         before = w.inflight_flops
         w.inflight_flops += c.cost
+        if self._view is not None:
+            self._view.moved(w, before)
         w.inflight_requests += 1
         w.peak_inflight_requests = max(w.peak_inflight_requests, w.inflight_requests)
         w.counters.requests += 1
@@ -323,7 +560,7 @@ class Scheduler:
             dict.fromkeys(k for ks in job.keys for k in ks))
         promise = self.ledger.promise(job.rid, c.slot, keys) if keys else None
         decision = self._note_decision(t0)
-        queued = time.monotonic() - job.arrived
+        queued = self.clock() - job.arrived
         self.stats.dispatched += 1
         if job.future is not None:
             self.queue_wait.append(queued)

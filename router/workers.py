@@ -351,6 +351,7 @@ class WorkerPool:
                          worker.id, source.dp_rank, dropped)
         if stored:
             self.ledger.on_stored(slot)
+            self.on_change()  # queued requests may wait for exactly these blocks
 
     def on_reset(self, source: EventSource, reason: str) -> None:
         worker = self.workers.get(source.worker_id)

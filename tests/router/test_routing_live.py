@@ -255,7 +255,8 @@ def test_worker_killed_mid_request(cluster, worker_factory, router_factory):
     long_suffix = unique_text(500)
     with cf.ThreadPoolExecutor(2) as pool:
         prefill = pool.submit(generate, router.url, prefix + long_suffix)
-        decode = pool.submit(generate, router.url, prefix + long_suffix + " x", 200)
+        # Its own suffix: a request sharing the prefill's still-uncommitted blocks would wait for them.
+        decode = pool.submit(generate, router.url, prefix + unique_text(500), 200)
         wait_until(lambda: workers_state(router)[vid]["inflight_requests"] == 2 or prefill.done() or decode.done(),
                    what="both in flight")
         assert not prefill.done() and not decode.done(), (prefill.result().text, decode.result().text)

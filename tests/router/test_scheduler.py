@@ -183,3 +183,53 @@ def test_baseline_policies_ignore_affinity(policy):
         return [(await sched.acquire(job(f"r{i}", [1, 2]))).worker.id for i in range(4)]
 
     assert sorted(asyncio.run(run())) == ["w0", "w0", "w1", "w1"]
+
+
+def test_request_waits_for_prefix_blocks_another_request_is_computing():
+    sched, pool, index = make(n=2, prefix_wait_min_tokens=4 * PAGE)
+
+    async def run():
+        a = await sched.acquire(job("a", range(1, 9)))
+        b = asyncio.ensure_future(sched.acquire(job("b", [*range(1, 9), 50])))
+        short = await sched.acquire(job("c", [1, 2, 3, 60]))  # its promised part (3 pages) is below the minimum
+        await settle()
+        held = not b.done()
+        index.store(a.slot, range(1, 9))  # the worker reports a's blocks stored...
+        sched.pump()                      # ...and the event sink pumps the queue
+        await settle()
+        return a, (await b), short, held
+
+    a, b, short, held = asyncio.run(run())
+    assert held and sched.stats.prefix_waits == 1
+    assert b.worker is a.worker and b.matched_blocks == 8 and b.predicted_cached_tokens == 8 * PAGE
+    assert short.worker is a.worker and short.matched_blocks == 3
+
+
+def test_prefix_wait_ends_when_the_computing_request_fails_or_time_runs_out():
+    sched, pool, index = make(n=2, prefix_wait_min_tokens=PAGE)
+
+    async def failed():
+        a = await sched.acquire(job("a", [1, 2, 3, 4]))
+        b = asyncio.ensure_future(sched.acquire(job("b", [1, 2, 3, 4, 5])))
+        await settle()
+        assert not b.done()
+        sched.release(a, ok=False)  # the promise is withdrawn: nothing left to wait for
+        await settle()
+        return await b
+
+    assert asyncio.run(failed()).matched_blocks == 0
+    sched, pool, index = make(n=2, prefix_wait_min_tokens=PAGE, prefix_wait_s=0.05)
+
+    async def expired():
+        await sched.acquire(job("a", [1, 2, 3, 4]))
+        return await asyncio.wait_for(sched.acquire(job("b", [1, 2, 3, 4, 5])), 5)
+
+    late = asyncio.run(expired())
+    assert late.queued_s >= 0.05 and late.matched_blocks == 4  # goes ahead, still to the promising worker
+    sched, pool, index = make(n=2, prefix_wait_min_tokens=PAGE, prefix_wait_s=0)
+
+    async def disabled():
+        await sched.acquire(job("a", [1, 2, 3, 4]))
+        return await asyncio.wait_for(sched.acquire(job("b", [1, 2, 3, 4, 5])), 5)
+
+    assert asyncio.run(disabled()).queued_s < 0.05 and sched.stats.prefix_waits == 0
