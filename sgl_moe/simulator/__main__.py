@@ -1,0 +1,99 @@
+"""``python -m sgl_moe.simulator``: policies at several worker counts, the Θ sweep, or the CPU-benchmark check.
+
+    python -m sgl_moe.simulator --workers 8 64 256 --requests 1000000 --calibration h100_30b --policies all --out sim.json
+    python -m sgl_moe.simulator --theta-sweep --workers 8 --requests 100000 --transfer nvlink
+    python -m sgl_moe.simulator --compare BENCH.json [--calibration cpu_tiny | calibration.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from dataclasses import asdict, fields
+from pathlib import Path
+
+from sgl_moe.cli_args import add_dataclass_args
+from sgl_moe.simulator.calibration import PRESETS, load
+from sgl_moe.simulator.experiments import (compare_bench, compare_policies, compare_table, sweep_table,
+                                           theta_sweep)
+from sgl_moe.simulator.report import machine, table
+from sgl_moe.simulator.simulation import POLICIES, SimConfig
+from sgl_moe.simulator.sglang_router_model import CacheAwareConfig
+from sgl_moe.workloads import WORKLOADS, WorkloadConfig
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m sgl_moe.simulator", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--workers", type=int, nargs="+", default=[8, 64, 256], help="worker counts (default 8 64 256)")
+    p.add_argument("--policies", nargs="+", default=["all"], choices=["all", *POLICIES])
+    p.add_argument("--calibration", default=None,
+                   help=f"a preset ({', '.join(PRESETS)}) or a JSON from python -m sgl_moe.simulator.calibrate "
+                        "(default: cpu_tiny with --compare, else h100_30b)")
+    p.add_argument("--requests", type=int, default=100_000, help="workload tasks (a multi task is several prefills)")
+    p.add_argument("--workloads", default="mix", help=f"'mix' or comma-separated names from {','.join(WORKLOADS)}")
+    p.add_argument("--length-scale", type=float, default=8.0, help="divide Table 2 context lengths by this")
+    p.add_argument("--max-context", type=int, default=3900, help="clip prompts to this many tokens")
+    p.add_argument("--token-ids", choices=["derived", "real"], default="derived",
+                   help="token ids hashed into blocks: derived from segment keys (fast) or the tokenizer's")
+    p.add_argument("--theta-sweep", action="store_true", help="throughput vs Θ with transfers to hide (Fig. 10)")
+    p.add_argument("--theta-factors", type=float, nargs="+", default=[0.125, 0.25, 0.5, 1.0, 2.0, 4.0],
+                   help="Θ / Θ* values of the sweep")
+    p.add_argument("--compare", type=Path, metavar="BENCH.json", help="simulate the CPU benchmark's stream and compare")
+    p.add_argument("--out", type=Path, help="write the results as JSON")
+    add_dataclass_args(p, SimConfig, "", "simulation", exclude=("workers", "policy", "cache_aware"))
+    add_dataclass_args(p, CacheAwareConfig, "", "sglang-router cache_aware model")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    try:
+        cal = load(args.calibration or ("cpu_tiny" if args.compare else "h100_30b"))
+        cache_aware = CacheAwareConfig(**{f.name: getattr(args, f.name) for f in fields(CacheAwareConfig)})
+        base = SimConfig(**{f.name: getattr(args, f.name) for f in fields(SimConfig)
+                            if f.name not in ("workers", "policy", "cache_aware")}, cache_aware=cache_aware)
+        base.validate()
+        if any(n < 1 for n in args.workers) or args.requests < 1:
+            raise ValueError("--workers and --requests must be positive")
+        names = WORKLOADS if args.workloads == "mix" else tuple(args.workloads.split(","))
+        stream = WorkloadConfig(workloads=names, requests=args.requests, length_scale=args.length_scale,
+                                max_context=args.max_context, seed=args.seed)
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    progress = lambda s: print(s, file=sys.stderr, flush=True)  # noqa: E731
+    t0 = time.time()
+    out: dict = {"machine": machine(), "calibration": cal.to_json(), "config": asdict(base),
+                 "stream": {"workloads": list(names), "requests": args.requests, "length_scale": args.length_scale,
+                            "max_context": args.max_context, "seed": args.seed, "token_ids": args.token_ids}}
+    if args.compare:
+        result = compare_bench(json.loads(args.compare.read_text()), cal, base, progress)
+        print(compare_table(result))
+        out["compare"] = result
+    elif args.theta_sweep:
+        workers = args.workers[0] if args.workers != [8, 64, 256] else 8
+        rows = theta_sweep(cal, stream, workers, args.theta_factors, base, progress)
+        print(sweep_table(rows, cal.hidden_theta(base.transfer), base.transfer, workers))
+        out["theta_sweep"] = {"workers": workers, "theta_star_flops": cal.hidden_theta(base.transfer), "rows": rows}
+    else:
+        policies = POLICIES if "all" in args.policies else tuple(args.policies)
+        results = compare_policies(cal, stream, args.workers, policies, base, args.token_ids, progress)
+        runs = []
+        for n, rs in results.items():
+            r0 = rs[0]
+            print(table(rs, f"\n{n} workers, {cal.name}, {base.arrival}: {r0.tasks:,} tasks -> {r0.units:,} prefill "
+                            f"requests, {r0.prompt_tokens / 1e6:.1f}M prompt tokens, oracle cached {r0.oracle_fraction:.3f}"))
+            runs += [r.to_dict() for r in rs]
+        out["runs"] = runs
+    out["wall_seconds"] = time.time() - t0
+    if args.out:
+        args.out.write_text(json.dumps(out, indent=2, default=str))
+        progress(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

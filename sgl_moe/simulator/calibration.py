@@ -1,0 +1,159 @@
+"""How long a simulated worker takes: per-step, per-request, per-token and per-attention-pair seconds.
+
+One linear model covers both presets. A step that computes chunks ``(s new tokens after p tokens
+already in the KV cache)`` lasts
+
+    step_s + Σ [request_s (a request's first chunk) + token_s·s + pair_s·(s·p + s(s+1)/2)
+                + context_token_s·(p + s)]
+
+and, when weight transfers must be hidden, at least the transfer time of one forward pass.
+
+* ``cpu_tiny``: the shipped tiny model on this 2-core CPU (SGLang's CPU engine, torch-native attention).
+  Defaults come from two sequential measurements in ``/work/shared/notes/sglang-facts.md`` (1,024 and
+  2,048 tokens, uncached vs cached); ``python -m sgl_moe.simulator.calibrate`` measures a running worker
+  and writes a JSON that replaces them. ``context_token_s`` is the CPU attention backend's cost of
+  gathering the cached KV of a request: a fully cached 2,048-token prompt takes twice a 1,024-token one.
+* ``h100_30b``: Qwen3-30B-A3B-like (bf16) on one H100, from ``/work/shared/notes/physics.md``: FLOPs per
+  token and per pair from the model's config (``FlopsModel``), executed at ``MFU`` of the 989 TFLOP/s bf16
+  peak; expert transfers per MoE layer (all but the first, which every GPU keeps) of 2.9 ms over
+  NVLink (all-gather across 8 GPUs) or 22.8 ms over PCIe (whole layer from host memory at 53 GB/s).
+  Assumed, not measured: the MFU, the per-step and per-request overheads and the KV capacity.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, fields, replace
+from pathlib import Path
+from typing import Any, Literal
+
+from sgl_moe import DEFAULT_MODEL_DIR
+from sgl_moe.flops import FlopsModel
+
+Transfer = Literal["none", "nvlink", "pcie"]
+"""Weight transfers each forward pass must hide: none (weights resident), NVLink all-gather, PCIe stream."""
+
+H100_BF16_PEAK = 989e12
+"""FLOP/s, dense bf16 tensor peak of an H100 SXM (physics.md)."""
+MFU = 0.40
+"""Assumed model FLOPs utilisation of an H100 on large prefill batches (the seed reports 30–36% overall)."""
+NVLINK_LAYER_S = 2.9e-3
+"""All-gather of one MoE layer's experts across 8 GPUs over NVLink (physics.md)."""
+PCIE_LAYER_S = 22.8e-3
+"""Copy of one MoE layer's experts (1.21 GB) from pinned host memory at 53 GB/s (physics.md)."""
+
+QWEN3_30B_A3B: dict[str, Any] = {
+    "hidden_size": 2048, "num_hidden_layers": 48, "num_attention_heads": 32, "num_key_value_heads": 4,
+    "head_dim": 128, "vocab_size": 151936, "num_experts": 128, "num_experts_per_tok": 8,
+    "moe_intermediate_size": 768, "intermediate_size": 6144, "decoder_sparse_step": 1, "mlp_only_layers": [],
+}
+"""The parts of Qwen3-30B-A3B's ``config.json`` that ``FlopsModel.from_hf_config`` reads."""
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """Timing and capacity of one simulated worker, and the FLOPs constants the router sees."""
+
+    name: str
+    """Preset name, or where a measured calibration came from."""
+    flops: FlopsModel
+    """What the worker reports in ``/sgl_moe/info``: the router's cost model uses it."""
+    step_s: float
+    """Fixed cost of one forward pass (scheduling, kernel launches)."""
+    request_s: float
+    """Cost per request, paid in the step that computes its first chunk (LM head, HTTP, bookkeeping)."""
+    token_s: float
+    """Seconds per computed prompt token (linear layers)."""
+    pair_s: float
+    """Seconds per causal attention (query, key) pair."""
+    context_token_s: float = 0.0
+    """Seconds per token of KV a chunk attends (cached prefix + the chunk); the CPU backend gathers it."""
+    step_tokens: int = 8192
+    """New tokens one forward pass computes at most (chunked prefill budget)."""
+    cache_tokens: int = 131072
+    """KV cache capacity in tokens (radix cache plus running requests)."""
+    page_size: int = 16
+    """KV page size: the unit of prefix caching and of the router's block hashes."""
+    theta_flops: float | None = None
+    """Θ the worker reports; ``None``: the FLOPs of one full step (what ``/sgl_moe/info`` reports
+    until Θ is calibrated)."""
+    nvlink_transfer_s: float = 0.0
+    """Expert transfer per forward pass over NVLink (all MoE layers but the first)."""
+    pcie_transfer_s: float = 0.0
+    """Expert transfer per forward pass over PCIe."""
+    shared_compute: float | None = None
+    """Workers that can compute at full speed at once on one shared machine (CPU workers on the same
+    cores): a step starting while k workers are busy lasts k / shared_compute times longer (k > it).
+    ``None``: each worker has its own device."""
+    event_delay_s: float = 0.001
+    """From a cache change on the worker to the router applying its KV event."""
+
+    @property
+    def theta(self) -> float:
+        return self.theta_flops if self.theta_flops is not None else self.flops.request_flops(0, self.step_tokens)
+
+    def transfer_s(self, transfer: Transfer) -> float:
+        return {"none": 0.0, "nvlink": self.nvlink_transfer_s, "pcie": self.pcie_transfer_s}[transfer]
+
+    def hidden_theta(self, transfer: Transfer) -> float:
+        """Θ* for a transfer: the in-flight FLOPs whose linear compute lasts as long as the transfer
+        (seed 000 Eq. 3 with this model's times: Θ = transfer time x effective FLOP rate)."""
+        return self.transfer_s(transfer) * self.flops.linear_flops_per_token / self.token_s
+
+    def to_json(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["flops"] = self.flops.to_dict()
+        return data
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> "Calibration":
+        known = {f.name for f in fields(cls)}
+        values = {k: v for k, v in data.items() if k in known}
+        values["flops"] = FlopsModel.from_dict(values["flops"])
+        return cls(**values)
+
+
+def cpu_tiny() -> Calibration:
+    """The shipped tiny model on this 2-core CPU, until ``calibrate`` measures it.
+
+    From sglang-facts.md: 1,024 / 2,048 uncached tokens 0.29 / 0.54 s; fully cached 0.07 / 0.14 s.
+    With ~7 ms of fixed cost, the cached pair gives ``context_token_s`` ≈ 58 µs per token of KV and the
+    uncached pair ≈ 0.21 ms per computed token, attention pairs adding nothing measurable at these
+    lengths. Model vs measured: 0.28 / 0.56 s uncached, 0.07 / 0.13 s cached.
+    """
+    config = json.loads((DEFAULT_MODEL_DIR / "config.json").read_text())
+    return Calibration(name="cpu_tiny", flops=FlopsModel.from_hf_config(config), step_s=0.004, request_s=0.003,
+                       token_s=0.21e-3, pair_s=0.0, context_token_s=0.058e-3, step_tokens=8192,
+                       cache_tokens=131072, shared_compute=1.0, event_delay_s=0.002)
+
+
+def h100_30b(mfu: float = MFU) -> Calibration:
+    """Qwen3-30B-A3B-like on one H100 (bf16), experts streamed (AsyncEP): see the module docstring."""
+    flops = FlopsModel.from_hf_config(QWEN3_30B_A3B)
+    rate = H100_BF16_PEAK * mfu
+    transferred_layers = flops.num_moe_layers - 1
+    # KV: 48 layers x 4 KV heads x 128 x (K, V) x 2 bytes = 96 KiB per token. With experts sharded over
+    # 8 GPUs and a few layers staged, ~13 GB of weights stay resident; ~47 GB of the 80 GB hold KV.
+    return Calibration(name="h100_30b", flops=flops, step_s=1.5e-3, request_s=20e-6 + flops.lm_head_flops_per_token / rate,
+                       token_s=flops.linear_flops_per_token / rate, pair_s=flops.attn_flops_per_pair / rate,
+                       step_tokens=16384, cache_tokens=480_000, nvlink_transfer_s=transferred_layers * NVLINK_LAYER_S,
+                       pcie_transfer_s=transferred_layers * PCIE_LAYER_S, event_delay_s=0.5e-3)
+
+
+PRESETS = {"cpu_tiny": cpu_tiny, "h100_30b": h100_30b}
+"""Calibrations by name; ``load`` also accepts a JSON file written by ``calibrate``."""
+
+
+def load(name_or_path: str) -> Calibration:
+    """A preset by name, or a calibration JSON (``calibrate``'s output, or ``Calibration.to_json``)."""
+    if name_or_path in PRESETS:
+        return PRESETS[name_or_path]()
+    path = Path(name_or_path)
+    if not path.is_file():
+        raise ValueError(f"unknown calibration {name_or_path!r}: neither a preset ({', '.join(PRESETS)}) nor a file")
+    data = json.loads(path.read_text())
+    return Calibration.from_json(data.get("calibration", data))
+
+
+def with_theta(cal: Calibration, theta: float | None) -> Calibration:
+    return replace(cal, theta_flops=theta)

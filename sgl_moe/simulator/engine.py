@@ -1,0 +1,182 @@
+"""One simulated worker: SGLang's prefill loop reduced to what decides time and cache reuse.
+
+Model (stated here once; the README and the report refer to it):
+
+* **Queue**: requests the router dispatched wait in FIFO order (SGLang's ``fcfs`` policy).
+* **Steps**: a forward pass takes requests from the head of the queue while its token budget
+  (``step_tokens``, the chunked-prefill size) lasts; a request that does not fit is chunked and
+  finishes in later steps, one chunked request at a time, as SGLang does. Prefill-only requests
+  finish at the end of the step that computes their last token.
+* **Cache reuse**: when a request enters a step, its cached tokens are the longest prefix of full
+  pages in this worker's cache at that moment, at most ``(tokens - 1)`` floored to a page (the last
+  token is always computed); those pages are locked until it finishes. Two requests with the same
+  prefix in one step both compute it (the radix cache only knows finished pages).
+* **Memory**: a request reserves pages for the tokens it computes; computed full pages enter the
+  cache at the end of each step (so a chunked document is reusable before it finishes), the rest
+  is freed when it finishes. Room is made by evicting unlocked pages, least recently used first.
+  A request that cannot get room waits (unless the worker is idle: then it over-commits).
+* **Time**: ``Calibration``'s linear model per step; with weight transfers to hide, a step lasts at
+  least the transfer of one forward pass. On a shared CPU a step is slowed by the number of busy
+  workers beyond ``shared_compute`` at the moment it starts.
+* **Events**: evictions are published when the step starts, stored pages when it ends; the
+  frontend delivers them to the router after the calibration's event delay.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import Protocol
+
+from sgl_moe.simulator.calibration import Calibration
+from sgl_moe.simulator.kv_cache import KVCacheModel
+from sgl_moe.simulator.timeline import Timeline
+from sgl_moe.simulator.units import SimUnit
+
+
+class EngineSink(Protocol):
+    """Where an engine reports: the frontend (router model) and, through it, the client."""
+
+    def finished(self, unit: SimUnit) -> None: ...
+
+    def kv_events(self, engine: "Engine", removed: list[int], stored: list[int]) -> None: ...
+
+
+class SharedCompute:
+    """Busy engines on one machine (only counted when the calibration says they share it)."""
+
+    def __init__(self, capacity: float | None) -> None:
+        self.capacity = capacity
+        self.busy = 0
+
+
+class EngineStats:
+    __slots__ = ("steps", "busy_s", "computed_tokens", "transfer_bound_steps", "units", "overcommits")
+
+    def __init__(self) -> None:
+        self.steps = 0
+        self.busy_s = 0.0
+        self.computed_tokens = 0
+        self.transfer_bound_steps = 0
+        self.units = 0
+        self.overcommits = 0
+
+
+class Engine:
+    """One worker's queue, batches, KV cache and clock; see the module docstring for the model."""
+
+    def __init__(self, wid: str, cal: Calibration, transfer_s: float, timeline: Timeline, sink: EngineSink,
+                 shared: SharedCompute) -> None:
+        self.id = wid
+        self.cal = cal
+        self.transfer_s = transfer_s
+        self.timeline = timeline
+        self.sink = sink
+        self.shared = shared
+        self.page = cal.page_size
+        self.cache = KVCacheModel(max(1, cal.cache_tokens // cal.page_size))
+        self.waiting: deque[SimUnit] = deque()
+        self.chunked: SimUnit | None = None
+        self.busy = False
+        self.stats = EngineStats()
+        self._batch: list[tuple[SimUnit, int]] = []
+        self._shared_busy = shared.capacity is not None
+
+    def submit(self, unit: SimUnit) -> None:
+        unit.engine = self
+        self.waiting.append(unit)
+        if not self.busy:
+            self._start_step()
+
+    def _start_step(self) -> None:
+        cal, cache, page = self.cal, self.cache, self.page
+        now = self.timeline.now
+        budget = cal.step_tokens
+        batch = self._batch
+        token_s, pair_s, ctx_s = cal.token_s, cal.pair_s, cal.context_token_s
+        compute = cal.step_s
+        u = self.chunked
+        if u is not None:
+            s = min(u.tokens - u.done, budget)
+            p = u.done
+            compute += token_s * s + pair_s * (s * p + s * (s + 1) / 2) + ctx_s * (p + s)
+            batch.append((u, s))
+            budget -= s
+            if u.done + s >= u.tokens:
+                self.chunked = None
+        waiting = self.waiting
+        while budget > 0 and waiting and self.chunked is None:
+            u = waiting[0]
+            hashes = u.hashes
+            n = u.tokens
+            cached = min(cache.match(hashes) * page, (n - 1) // page * page)
+            need = n - cached
+            pages = -(-need // page)
+            blocks = cached // page
+            cache.lock(hashes[:blocks])  # before making room: eviction must not take the prefix it reuses
+            if not cache.reserve(pages):
+                if batch:
+                    cache.unlock(hashes[:blocks])
+                    break  # memory is held by running requests: wait for them
+                cache.reserved += pages  # alone and still too big: run it anyway
+                self.stats.overcommits += 1
+            waiting.popleft()
+            u.cached = u.done = cached
+            u.inserted = blocks
+            u.reserved = pages
+            u.started = now
+            s = need if need < budget else budget
+            compute += cal.request_s + token_s * s + pair_s * (s * cached + s * (s + 1) / 2) + ctx_s * (cached + s)
+            batch.append((u, s))
+            budget -= s
+            if s < need:
+                self.chunked = u
+        if not batch:
+            return
+        if cache.removed:
+            self.sink.kv_events(self, *cache.take_events())
+        shared = self.shared
+        if self._shared_busy:
+            shared.busy += 1
+            if shared.busy > shared.capacity:
+                compute *= shared.busy / shared.capacity
+        duration = compute
+        if self.transfer_s > compute:
+            duration = self.transfer_s
+            self.stats.transfer_bound_steps += 1
+        self.busy = True
+        self.stats.steps += 1
+        self.stats.busy_s += duration
+        self.timeline.at(now + duration, self._end_step)
+
+    def _end_step(self, _: object = None) -> None:
+        cache, page = self.cache, self.page
+        batch, self._batch = self._batch, []
+        finished = []
+        computed = 0
+        for u, s in batch:
+            u.done += s
+            computed += s
+            full = min(u.done // page, len(u.hashes))
+            if full > u.inserted:
+                cache.insert(u.hashes[u.inserted:full])
+                moved = full - u.inserted
+                cache.reserved -= moved  # reserved pages became tree pages (or were freed as duplicates)
+                u.reserved -= moved
+                u.inserted = full
+            if u.done >= u.tokens:
+                cache.reserved -= u.reserved
+                u.reserved = 0
+                cache.unlock(u.hashes[:u.inserted])
+                u.finished = self.timeline.now
+                finished.append(u)
+        self.stats.computed_tokens += computed
+        self.stats.units += len(finished)
+        if self._shared_busy:
+            self.shared.busy -= 1
+        if cache.stored or cache.removed:
+            self.sink.kv_events(self, *cache.take_events())
+        for u in finished:  # the engine still counts as busy: new work waits for the loop below
+            self.sink.finished(u)
+        self.busy = False
+        if self.waiting or self.chunked is not None:
+            self._start_step()

@@ -1,0 +1,106 @@
+"""One worker's KV cache as the router sees it: a radix cache of pages with LRU eviction.
+
+Pages are identified by their block hash (a hash chains its parents, so a set of hashes is a radix
+tree). A running request locks the pages of its prefix; unlocked pages sit in an LRU order from which
+eviction takes the oldest. Whenever a request touches a chain it releases the deepest page first,
+so a parent is always younger than its children and eviction never orphans a page (SGLang's radix
+cache likewise evicts leaves only).
+
+Capacity counts tree pages plus pages reserved for the tokens running requests still compute (SGLang
+allocates them from the same pool). Inserts and evictions are collected for the worker's KV events.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+
+
+class KVCacheModel:
+    """Pages by hash with lock counts; ``stored`` / ``removed`` collect hashes for the next KV event."""
+
+    def __init__(self, capacity_pages: int) -> None:
+        if capacity_pages < 1:
+            raise ValueError(f"capacity must be at least one page, got {capacity_pages}")
+        self.capacity = capacity_pages
+        self.locks: dict[int, int] = {}
+        """Every page in the tree -> how many running requests hold it (0: evictable, in ``lru``)."""
+        self.lru: OrderedDict[int, None] = OrderedDict()
+        self.reserved = 0
+        self.stored: list[int] = []
+        self.removed: list[int] = []
+        self.evicted = 0
+
+    def __len__(self) -> int:
+        return len(self.locks)
+
+    @property
+    def free(self) -> int:
+        return self.capacity - len(self.locks) - self.reserved
+
+    def match(self, hashes: list[int]) -> int:
+        """Leading pages of ``hashes`` in the tree."""
+        locks = self.locks
+        n = 0
+        for h in hashes:
+            if h not in locks:
+                break
+            n += 1
+        return n
+
+    def lock(self, hashes: list[int]) -> None:
+        """A running request holds these pages (all in the tree)."""
+        locks, lru = self.locks, self.lru
+        for h in hashes:
+            c = locks[h]
+            if not c:
+                del lru[h]
+            locks[h] = c + 1
+
+    def unlock(self, hashes: list[int]) -> None:
+        """Release pages locked by ``lock`` / ``insert``; deepest first, so parents end up youngest."""
+        locks, lru = self.locks, self.lru
+        for h in reversed(hashes):
+            c = locks[h] - 1
+            locks[h] = c
+            if not c:
+                lru[h] = None
+
+    def insert(self, hashes: list[int]) -> int:
+        """Computed pages enter the tree locked by their request; returns how many were new.
+
+        A page already there (computed twice, e.g. by two requests in one batch) is locked instead.
+        """
+        locks, stored = self.locks, self.stored
+        new = 0
+        for h in hashes:
+            c = locks.get(h)
+            if c is None:
+                locks[h] = 1
+                stored.append(h)
+                new += 1
+            else:
+                if not c:
+                    del self.lru[h]
+                locks[h] = c + 1
+        return new
+
+    def reserve(self, pages: int) -> bool:
+        """Room for ``pages`` more, evicting unlocked pages as needed; False if the locked ones fill it."""
+        short = pages - self.free
+        if short > 0:
+            if short > len(self.lru):
+                return False
+            lru, locks, removed = self.lru, self.locks, self.removed
+            for _ in range(short):
+                h, _ = lru.popitem(last=False)
+                del locks[h]
+                removed.append(h)
+            self.evicted += short
+        self.reserved += pages
+        return True
+
+    def take_events(self) -> tuple[list[int], list[int]]:
+        """``(removed, stored)`` since the last call."""
+        removed, stored = self.removed, self.stored
+        self.removed, self.stored = [], []
+        return removed, stored

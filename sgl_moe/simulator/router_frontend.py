@@ -1,0 +1,234 @@
+"""The project's router in the simulation: its own Scheduler, BlockIndex, PendingLedger and event sink.
+
+Nothing of the decision logic is re-implemented here. Per request the frontend does what
+``Scheduler.acquire`` does without awaiting: place at once when the queue is empty, else append to
+the scheduler's FIFO queue and ``pump``; a completion calls ``Scheduler.release`` (which pumps). The
+scheduler reads the virtual clock; it is the router's ``Scheduler`` with the exact re-scoring memo of
+``memo`` (``SimConfig.memo=False`` runs it without). Workers are real ``Worker`` objects in a
+``WorkerPool`` that skips HTTP discovery; KV events go through ``WorkerPool.on_batch`` into the
+committed tables exactly as the router's event listeners deliver them (stored blocks pump the queue,
+as the router's ``on_change`` does), and the timer the router arms for a request held for promised
+blocks is an event on the virtual clock.
+
+Offline runs (every request sent at t=0) put the whole stream into the router's queue. Only the head
+of that queue is ever scanned (``PUMP_SCAN_LIMIT`` jobs per pump), so the frontend keeps just
+``2 x PUMP_SCAN_LIMIT + 1`` jobs materialised and appends more as the head drains; a pump at t=0 for a
+request that far back would change nothing, so the runs are the same.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable, Iterator
+
+from sgl_moe.router.block_index import BlockIndex
+from sgl_moe.router.config import Policy, RouterConfig
+from sgl_moe.router.event_listener import EventSource
+from sgl_moe.router.kv_events import BlockRemoved, BlockStored, EventBatch
+from sgl_moe.router.pending import PendingLedger
+from sgl_moe.router.scheduler import PUMP_SCAN_LIMIT, Job, Placement
+from sgl_moe.router.workers import Worker, WorkerPool
+from sgl_moe.simulator.calibration import Calibration
+from sgl_moe.simulator.engine import Engine
+from sgl_moe.simulator.memo import LoggedBlockIndex, MemoScheduler
+from sgl_moe.simulator.timeline import Timeline
+from sgl_moe.simulator.units import SimUnit
+
+OFFLINE_WINDOW = 2 * PUMP_SCAN_LIMIT + 1
+"""Queued jobs kept materialised in offline runs (see the module docstring)."""
+
+
+class SimPool(WorkerPool):
+    """The router's WorkerPool with its workers given instead of discovered over HTTP."""
+
+    def __init__(self, cfg: RouterConfig, index: BlockIndex, ledger: PendingLedger, workers: list[Worker],
+                 on_change: Callable[[], None]) -> None:
+        # WorkerPool.__init__ wants an HTTP session; set what routable/on_batch/worker_of_slot read.
+        self.cfg, self.index, self.ledger = cfg, index, ledger
+        self.session = None
+        self.on_change = on_change
+        self.tokenizer = None
+        self._reference = None
+        self._adding = set()
+        self.workers = {w.id: w for w in workers}
+        self._next_id = len(workers)
+        self._slot_owner = {slot: w for w in workers for slot in w.slots.values()}
+        self._healthy = list(workers)
+
+    def routable(self, exclude: frozenset[str] = frozenset()) -> list[Worker]:
+        # Simulated workers never leave rotation: the list WorkerPool builds per call, built once.
+        return self._healthy if not exclude else super().routable(exclude)
+
+
+class _Future:
+    """What the scheduler's queue needs of a future: a result is handed over at once."""
+
+    __slots__ = ("_done", "_deliver")
+
+    def __init__(self, deliver) -> None:
+        self._done = False
+        self._deliver = deliver
+
+    def done(self) -> bool:
+        return self._done
+
+    def cancelled(self) -> bool:
+        return False
+
+    def set_result(self, placement: Placement) -> None:
+        self._done = True
+        self._deliver(placement)
+
+    def set_exception(self, exc: BaseException) -> None:
+        raise RuntimeError(f"simulated request failed in the router: {exc}")
+
+
+class RouterFrontend:
+    """Routes units through the router's scheduler to engines; ``submit`` / ``finished`` / ``kv_events``."""
+
+    def __init__(self, policy: Policy, cal: Calibration, theta: float, engines: list[Engine], timeline: Timeline,
+                 *, queue_size: int, max_affinity_wait_s: float, pending_ttl_s: float, event_delay_s: float,
+                 memo: bool = True) -> None:
+        self.cfg = RouterConfig(policy=policy, saturation_flops=theta, queue_size=queue_size,
+                                max_affinity_wait_s=max_affinity_wait_s, pending_ttl_s=pending_ttl_s)
+        self.index = LoggedBlockIndex()
+        self.ledger = PendingLedger(self.index, ttl_s=pending_ttl_s)
+        self.workers = [Worker(id=e.id, url=f"sim://{e.id}", info={"page_size": cal.page_size, "model_name": cal.name},
+                               flops=cal.flops, theta=theta, theta_source="simulator", slots={0: self.index.add_target()})
+                        for e in engines]
+        self.pool = SimPool(self.cfg, self.index, self.ledger, self.workers, on_change=self.pump)
+        # The memo only ever vouches for longest_block_match jobs (the others wait only when no worker has room).
+        self.scheduler = MemoScheduler(self.cfg, self.pool, self.index, self.ledger, clock=timeline,
+                                       memo=memo and policy == "longest_block_match")
+        self.engines = {e.id: e for e in engines}
+        self.timeline = timeline
+        self.event_delay_s = event_delay_s
+        self.theta = theta
+        self.page = cal.page_size
+        self.sources = {w.id: EventSource(worker_id=w.id, dp_rank=0, endpoint=f"sim://{w.id}", replay_endpoint=None)
+                        for w in self.workers}
+        self.rejected = 0
+        self.max_inflight_before = 0.0
+        """Largest in-flight FLOPs a worker had when it was given a request (with admission: < Θ)."""
+        self._units: dict[str, SimUnit] = {}
+        self._placed: list[Placement] = []
+        self._seq = itertools.count()
+        self._backlog: Iterator[SimUnit] | None = None
+        self._holds = 0
+        self._timed: set[str] = set()
+        self.trace: list[tuple] | None = None
+        """When a list: every operation on the router, for replaying it elsewhere (tests)."""
+
+    # -- requests ----------------------------------------------------------------------------
+    def submit(self, unit: SimUnit) -> bool:
+        """``Scheduler.acquire`` without awaiting; False when the queue is full (the client got 429)."""
+        if self.trace is not None:
+            self.trace.append(("submit", self.timeline.now, unit.rid, unit.tokens, unit.hashes))
+        sched = self.scheduler
+        job = Job(rid=unit.rid, prompt_lens=[unit.tokens], keys=[unit.hashes], arrived=unit.arrival)
+        self._units[unit.rid] = unit
+        if not sched.queue:
+            placement = sched._try_place(job)
+            if placement is not None:
+                self._on_placed(placement)
+                self._after()
+                return True
+        if len(sched.queue) >= self.cfg.queue_size:
+            del self._units[unit.rid]
+            sched.stats.rejected_queue_full += 1
+            self.rejected += 1
+            return False
+        job.future = _Future(self._on_placed)
+        sched.queue.append(job)
+        sched.stats.queued += 1
+        sched.pump()
+        self._after()
+        return True
+
+    def submit_offline(self, units: Iterator[SimUnit]) -> None:
+        """Every unit arrives at t=0 (see the module docstring)."""
+        for unit in units:
+            self.submit(unit)
+            if len(self.scheduler.queue) >= OFFLINE_WINDOW:
+                break
+        self._backlog = units
+        self._after()
+
+    def finished(self, unit: SimUnit) -> None:
+        if self.trace is not None:
+            self.trace.append(("release", self.timeline.now, unit.rid))
+        self.scheduler.release(unit.placement, ok=True)
+        self._after()
+
+    def pump(self, _: object = None) -> None:
+        """What the router's ``on_change`` does (KV events stored blocks, a hold ran out)."""
+        if self.trace is not None and _ is not None:
+            self.trace.append(("pump", self.timeline.now))
+        self.scheduler.pump()
+        self._after()
+
+    def kv_events(self, engine: Engine, removed: list[int], stored: list[int]) -> None:
+        self.timeline.at(self.timeline.now + self.event_delay_s, self._deliver, (engine.id, removed, stored))
+
+    def expire_promises(self) -> None:
+        """The router's health loop: completed promises past their TTL are dropped."""
+        if self.trace is not None:
+            self.trace.append(("expire", self.timeline.now))
+        self.ledger.expire(now=self.timeline.now)
+
+    # -- internals ---------------------------------------------------------------------------
+    def _deliver(self, arg: tuple[str, list[int], list[int]]) -> None:
+        wid, removed, stored = arg
+        if self.trace is not None:
+            self.trace.append(("events", self.timeline.now, wid, removed, stored))
+        events = []
+        if removed:
+            events.append(BlockRemoved(block_hashes=removed))
+        if stored:
+            events.append(BlockStored(block_hashes=stored, parent_block_hash=None, token_ids=[], block_size=self.page))
+        self.pool.on_batch(self.sources[wid], EventBatch(seq=next(self._seq), ts=self.timeline.now, events=events,
+                                                        dp_rank=0))
+
+    def _after(self) -> None:
+        """After the scheduler ran: dispatch its placements, arm hold timers, refill the offline queue."""
+        self._flush()
+        sched = self.scheduler
+        if sched.stats.prefix_waits != self._holds:
+            # The router arms a timer (call_later) for each new hold; the virtual clock does it here.
+            self._holds = sched.stats.prefix_waits
+            for job in itertools.islice(sched.queue, PUMP_SCAN_LIMIT):
+                if job.held and job.rid not in self._timed:
+                    self._timed.add(job.rid)
+                    self.timeline.at(job.arrived + self.cfg.prefix_wait_s + 1e-3, self.pump, "timer")
+        if self._backlog is not None:
+            self._top_up()
+
+    def _top_up(self) -> None:
+        queue, backlog = self.scheduler.queue, self._backlog
+        while len(queue) < OFFLINE_WINDOW:
+            unit = next(backlog, None)
+            if unit is None:
+                self._backlog = None
+                return
+            if self.trace is not None:
+                self.trace.append(("queued", self.timeline.now, unit.rid, unit.tokens, unit.hashes))
+            job = Job(rid=unit.rid, prompt_lens=[unit.tokens], keys=[unit.hashes], arrived=unit.arrival)
+            job.future = _Future(self._on_placed)
+            self._units[unit.rid] = unit
+            queue.append(job)
+            self.scheduler.stats.queued += 1
+
+    def _on_placed(self, placement: Placement) -> None:
+        """Right after the reservation: note the worker's in-flight FLOPs before it; dispatch after the pump."""
+        before = placement.worker.inflight_flops - placement.cost
+        if before > self.max_inflight_before:
+            self.max_inflight_before = before
+        self._placed.append(placement)
+
+    def _flush(self) -> None:
+        while self._placed:
+            placed, self._placed = self._placed, []
+            for placement in placed:
+                unit = self._units.pop(placement.job.rid)
+                unit.placement = placement
+                self.engines[placement.worker.id].submit(unit)

@@ -1,0 +1,133 @@
+"""The simulator's parts: unit hashes, the KV cache model, the engine's timing, the timeline, calibrations."""
+
+import array
+import json
+
+import pytest
+
+from sgl_moe.router.block_hash import block_hash_chain, block_hashes
+from sgl_moe.simulator import Calibration, SimUnit, UnitStream, cpu_tiny, h100_30b, load
+from sgl_moe.simulator.engine import Engine, SharedCompute
+from sgl_moe.simulator.kv_cache import KVCacheModel
+from sgl_moe.simulator.timeline import Timeline
+from sgl_moe.workloads import WorkloadConfig
+
+
+@pytest.mark.parametrize("token_ids", ["real", "derived"])
+def test_unit_hashes_are_the_routers_block_hashes_of_the_units_tokens(token_ids):
+    stream = UnitStream(WorkloadConfig(requests=300, seed=1), token_ids=token_ids)
+    units = list(stream)
+    for u in units:
+        ids = array.array("I")
+        for seg in u.segments:
+            ids.extend(stream.ids(seg))
+        assert len(ids) == u.tokens
+        assert u.hashes == block_hashes(ids, 16)
+    assert stream.units == len(units) and stream.prompt_tokens == sum(u.tokens for u in units)
+
+
+def test_hash_chain_continues_across_a_page_boundary():
+    ids = list(range(1000, 1000 + 83))
+    head, digest = block_hash_chain(ids[:48], 16)
+    tail, _ = block_hash_chain(ids[48:], 16, digest)
+    assert head + tail == block_hashes(ids, 16)
+
+
+def test_kv_cache_evicts_least_recent_leaves_first_and_respects_locks():
+    cache = KVCacheModel(capacity_pages=6)
+    assert cache.reserve(3)
+    cache.insert([1, 2, 3])       # a chain 1 -> 2 -> 3, locked by its request
+    cache.reserved -= 3
+    cache.unlock([1, 2, 3])       # released deepest first: 3 is the oldest, 1 the youngest
+    assert cache.reserve(2)
+    cache.insert([7, 8])
+    cache.reserved -= 2
+    assert cache.match([1, 2, 3, 4]) == 3
+    assert cache.reserve(3)       # needs two evictions: 3, then 2 (never 1 before its children)
+    assert cache.removed == [3, 2]
+    assert cache.match([1, 2, 3]) == 1
+    assert not cache.reserve(2)   # only 1 is unlocked; 7 and 8 are held
+    cache.unlock([7, 8])
+    removed, stored = cache.take_events()
+    assert stored == [1, 2, 3, 7, 8] and removed == [3, 2]
+
+
+def test_engine_step_time_follows_the_calibration():
+    cal = Calibration(name="t", flops=cpu_tiny().flops, step_s=0.5, request_s=0.25, token_s=0.01, pair_s=0.001,
+                      context_token_s=0.002, step_tokens=64, cache_tokens=10_000)
+    timeline = Timeline()
+    done = []
+
+    class Sink:
+        def finished(self, unit):
+            done.append((unit.rid, timeline.now))
+
+        def kv_events(self, engine, removed, stored):
+            pass
+
+    engine = Engine("w0", cal, 0.0, timeline, Sink(), SharedCompute(None))
+    engine.submit(SimUnit("a", "a", [], 100, [11, 12, 13, 14, 15, 16], 0))  # 100 tokens: chunks of 64 + 36
+    timeline.run()
+
+    def chunk(s, p):
+        return 0.01 * s + 0.001 * (s * p + s * (s + 1) / 2) + 0.002 * (p + s)
+
+    expected = (0.5 + 0.25 + chunk(64, 0)) + (0.5 + chunk(36, 64))
+    assert done == [("a", pytest.approx(expected))]
+    # The same prompt again reuses the 6 full pages (96 tokens) and computes 4 tokens.
+    engine.submit(SimUnit("b", "b", [], 100, [11, 12, 13, 14, 15, 16], 0))
+    timeline.run()
+    assert done[1][1] - done[0][1] == pytest.approx(0.5 + 0.25 + chunk(4, 96))
+
+
+def test_transfers_set_a_floor_under_each_step():
+    cal = Calibration(name="t", flops=cpu_tiny().flops, step_s=0.0, request_s=0.0, token_s=1e-3, pair_s=0.0,
+                      step_tokens=1000, cache_tokens=10_000, nvlink_transfer_s=0.2)
+    timeline = Timeline()
+    ends = []
+
+    class Sink:
+        def finished(self, unit):
+            ends.append(timeline.now)
+
+        def kv_events(self, engine, removed, stored):
+            pass
+
+    engine = Engine("w0", cal, cal.transfer_s("nvlink"), timeline, Sink(), SharedCompute(None))
+    engine.submit(SimUnit("small", "s", [], 50, [1, 2, 3], 0))    # 0.05 s of compute: the transfer wins
+    timeline.run()
+    engine.submit(SimUnit("large", "l", [], 500, [9] * 31, 0))    # 0.5 s of compute: hides the transfer
+    timeline.run()
+    assert ends == [pytest.approx(0.2), pytest.approx(0.7)]
+    assert engine.stats.transfer_bound_steps == 1
+
+
+def test_timeline_runs_in_time_order_and_same_time_in_order_given():
+    t = Timeline()
+    seen = []
+    t.at(2.0, seen.append, "c")
+    t.at(1.0, seen.append, "a")
+    t.at(1.0, seen.append, "b")
+    t.run()
+    assert seen == ["a", "b", "c"] and t.now == 2.0
+
+
+def test_calibrations_round_trip_through_json(tmp_path):
+    for cal in (cpu_tiny(), h100_30b()):
+        path = tmp_path / f"{cal.name}.json"
+        path.write_text(json.dumps({"calibration": cal.to_json()}))
+        assert load(str(path)) == cal
+    with pytest.raises(ValueError):
+        load("no-such-calibration")
+
+
+def test_h100_preset_matches_the_physics_notes():
+    cal = h100_30b()
+    # ~5.5 GFLOPs per token of linear layers (attention projections + 8 of 128 experts, 48 layers)
+    assert 5.0e9 < cal.flops.linear_flops_per_token < 6.0e9
+    # NVLink all-gather of 47 layers at 2.9 ms, PCIe at 22.8 ms per layer
+    assert cal.nvlink_transfer_s == pytest.approx(47 * 2.9e-3)
+    assert cal.pcie_transfer_s == pytest.approx(47 * 22.8e-3)
+    # T* (tokens whose compute hides the NVLink transfer) of the order physics.md gives (~10-40k)
+    t_star = cal.hidden_theta("nvlink") / cal.flops.linear_flops_per_token
+    assert 5_000 < t_star < 40_000
