@@ -8,7 +8,7 @@ import sys
 import pytest
 
 from sgl_moe import DEFAULT_MODEL_DIR
-from sgl_moe.launch_server import with_defaults
+from sgl_moe.launch_server import LaunchError, with_defaults
 
 
 def _launch(*args, timeout=120):
@@ -88,9 +88,16 @@ def test_user_flags_win_over_defaults():
 
 
 def test_neighbouring_workers_get_disjoint_event_ports():
-    ports = []
-    for port in (41001, 41002):
-        kv = json.loads(with_defaults(["--port", str(port)])[-1])
-        ports += [kv["endpoint"], kv["replay_endpoint"]]
-    assert ports == ["tcp://127.0.0.1:42001", "tcp://127.0.0.1:43001", "tcp://127.0.0.1:42002",
-                     "tcp://127.0.0.1:43002"]
+    # Ports near 42000/43000 lie in Linux's ephemeral range, where any client socket may hold one for a
+    # moment (the launcher then refuses, correctly): try a few neighbouring pairs.
+    for base in range(41001, 41900, 37):
+        try:
+            kvs = [json.loads(with_defaults(["--port", str(p)])[-1]) for p in (base, base + 1)]
+        except LaunchError:
+            continue
+        break
+    else:
+        pytest.fail("no pair of neighbouring ports had its KV-event ports free")
+    ports = [kv[k] for kv in kvs for k in ("endpoint", "replay_endpoint")]
+    assert ports == [f"tcp://127.0.0.1:{base + 1000}", f"tcp://127.0.0.1:{base + 2000}",
+                     f"tcp://127.0.0.1:{base + 1001}", f"tcp://127.0.0.1:{base + 2001}"]

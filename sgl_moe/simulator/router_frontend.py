@@ -88,9 +88,10 @@ class RouterFrontend:
 
     def __init__(self, policy: Policy, cal: Calibration, theta: float, engines: list[Engine], timeline: Timeline,
                  *, queue_size: int, max_affinity_wait_s: float, pending_ttl_s: float, event_delay_s: float,
-                 memo: bool = True) -> None:
+                 prefix_wait_s: float = RouterConfig.prefix_wait_s, memo: bool = True) -> None:
         self.cfg = RouterConfig(policy=policy, saturation_flops=theta, queue_size=queue_size,
-                                max_affinity_wait_s=max_affinity_wait_s, pending_ttl_s=pending_ttl_s)
+                                max_affinity_wait_s=max_affinity_wait_s, pending_ttl_s=pending_ttl_s,
+                                prefix_wait_s=prefix_wait_s)
         self.index = LoggedBlockIndex()
         self.ledger = PendingLedger(self.index, ttl_s=pending_ttl_s)
         self.workers = [Worker(id=e.id, url=f"sim://{e.id}", info={"page_size": cal.page_size, "model_name": cal.name},

@@ -64,6 +64,8 @@ class SimConfig:
     """The router's --max-affinity-wait-s."""
     pending_ttl_s: float = 10.0
     """The router's --pending-ttl-s."""
+    prefix_wait_s: float = 30.0
+    """The router's --prefix-wait-s (0: never hold a request for promised blocks)."""
     event_delay_s: float | None = None
     """KV-event delay; default: the calibration's."""
     seed: int = 0
@@ -149,6 +151,7 @@ class Simulation:
                 cfg.policy, cal, self.theta if cfg.admission else float("inf"), self.engines, self.timeline,
                 queue_size=2**62 if unbounded else (cfg.queue_size or 4096),
                 max_affinity_wait_s=cfg.max_affinity_wait_s, pending_ttl_s=cfg.pending_ttl_s,
+                prefix_wait_s=cfg.prefix_wait_s,
                 event_delay_s=cal.event_delay_s if cfg.event_delay_s is None else cfg.event_delay_s,
                 memo=cfg.memo)
         else:
