@@ -428,19 +428,7 @@ class Scheduler:
         for w in dict.fromkeys(r for r in reps if r is not None):
             rank, slot = min(w.slots.items())  # nothing matched: the lowest DP rank, as _candidates picks
             cands.append(Candidate(w, slot, rank, 0, zero, free))
-        admissible = [c for c in cands if c.worker.admissible]
-        if not admissible:
-            return None
-        job.waiting_for = None
-        if policy == "least_flops":
-            choice = min(admissible, key=lambda c: (c.load, c.worker.id))
-            reason = "least in-flight FLOPs / Θ"
-        else:
-            choice, reason = self._longest_block_match(job, cands, admissible)
-            if choice is None:
-                self._note_decision(t0)
-                return None
-        return self._reserve(job, choice, reason, t0)
+        return self._choose(job, cands, t0)
 
     def _try_place(self, job: Job) -> Placement | None:
         t0 = time.perf_counter()
@@ -449,7 +437,10 @@ class Scheduler:
             view = self._uniform_view(workers)
             if view is not None:
                 return self._place_in_view(job, view, workers, t0)
-        cands = self._candidates(job, workers)
+        return self._choose(job, self._candidates(job, workers), t0)
+
+    def _choose(self, job: Job, cands: list[Candidate], t0: float) -> Placement | None:
+        """The policy's pick among scored candidates (both placement paths end here), then the reservation."""
         admissible = [c for c in cands if c.worker.admissible]
         if not admissible:
             return None
