@@ -296,11 +296,31 @@ class WorkerPool:
             worker.health_failures = 0
             if worker.state == UNHEALTHY:
                 await self._readmit(worker)
+            elif (worker.info.get("saturation") or {}).get("state") == "calibrating":
+                await self._refresh_theta(worker)
             return
         worker.health_failures += 1
         worker.last_error = reason
         if worker.state == HEALTHY and worker.health_failures >= self.cfg.health_failures:
             self.mark_unhealthy(worker, reason)
+
+    async def _refresh_theta(self, worker: Worker) -> None:
+        """The worker was still calibrating Θ when added: re-read its info until the calibrated value arrives
+        (seed 000 App. B.4: installed on receipt, unless the router's own --saturation-flops pins it)."""
+        try:
+            info = await self._fetch_info(worker.url)
+        except WorkerError:
+            return
+        sat = info.get("saturation") or {}
+        if info.get("instance_id") != worker.instance_id or sat.get("state") == "calibrating":
+            return
+        worker.info = info
+        if self.cfg.saturation_flops is None:
+            old, worker.theta = worker.theta, float(sat["flops"])
+            worker.theta_source = f"worker: {sat.get('source')}"
+            log.info("worker %s Θ %s: %.4g -> %.4g FLOPs (%s)", worker.id, sat.get("state"), old, worker.theta,
+                     sat.get("source"))
+            self.on_change()  # a larger Θ may admit queued work now
 
     def mark_unhealthy(self, worker: Worker, reason: str) -> None:
         if worker.state == HEALTHY:
@@ -321,6 +341,9 @@ class WorkerPool:
                 log.info("worker %s restarted (new instance %s): dropped %d committed blocks of rank %d",
                          worker.id, info.get("instance_id"), dropped, rank)
             worker.info = info
+            if self.cfg.saturation_flops is None:
+                worker.theta = float(info["saturation"]["flops"])
+                worker.theta_source = f"worker: {info['saturation']['source']}"
         worker.state = HEALTHY
         log.info("worker %s (%s) back in rotation", worker.id, worker.url)
         self.on_change()

@@ -14,6 +14,7 @@ import logging
 import os
 import socket
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -220,7 +221,32 @@ def build_parser(with_sglang: bool) -> argparse.ArgumentParser:
     return parser
 
 
-def prepare(argv: list[str], moe: MoeArgs, device: str):
+def export_runtime(argv: list[str], moe: MoeArgs, cpu_engine: bool) -> str | None:
+    """Check the patch flags against the SGLang flags and hand the patches their configuration (through the
+    environment SGLang's processes inherit). Returns the calibration directory (None without streaming)."""
+    from sgl_moe.patches.runtime_env import RuntimeConfig
+
+    if not moe.streaming:
+        return None
+    if not cpu_engine and not _has_flag(argv, "--disable-cuda-graph"):
+        raise LaunchError(f"--moe-weight-streaming {moe.weight_streaming} swaps expert buffers per layer, which "
+                          "CUDA graphs would freeze at capture time; add --disable-cuda-graph")
+    for flag in ("--ep-size", "--expert-parallel-size"):
+        value = _flag_value(argv, flag)
+        if value is not None and value != "1":
+            raise LaunchError(f"--moe-weight-streaming {moe.weight_streaming} streams every expert of a layer to "
+                              f"each rank; it cannot be combined with {flag} {value}")
+    if _has_flag(argv, "--enable-two-batch-overlap"):
+        raise LaunchError("--moe-weight-streaming cannot be combined with --enable-two-batch-overlap")
+    profile_dir = tempfile.mkdtemp(prefix="sgl_moe-calibration-")
+    RuntimeConfig(weight_streaming=moe.weight_streaming, stream_window=moe.stream_window,
+                  profile_dir=profile_dir).export()
+    logger.info("expert weight streaming: %s, window %d; Θ calibration files in %s", moe.weight_streaming,
+                moe.stream_window, profile_dir)
+    return profile_dir
+
+
+def prepare(argv: list[str], moe: MoeArgs, device: str, profile_dir: str | None = None):
     """Import SGLang, let it parse and check its arguments, and add the sgl_moe routes to its app."""
     from sglang.srt.server_args import prepare_server_args
 
@@ -231,7 +257,7 @@ def prepare(argv: list[str], moe: MoeArgs, device: str):
         server_args = prepare_server_args(argv)
     except (ValueError, AssertionError, TypeError) as exc:
         raise LaunchError(f"SGLang rejected the arguments: {str(exc).strip().splitlines()[0]}") from None
-    install_routes(server_args, moe, device)
+    install_routes(server_args, moe, device, profile_dir)
     return server_args
 
 
@@ -262,8 +288,12 @@ def main(argv: list[str] | None = None) -> int:
         sglang_argv = with_defaults(sglang_argv)
         preflight(sglang_argv)
         plan, sglang_argv = apply_platform(sglang_argv)
+        profile_dir = export_runtime(sglang_argv, moe, plan.cpu_engine)
+        if _has_flag(sglang_argv, "--prefill-only-disable-kv-cache"):
+            logger.warning("--prefill-only-disable-kv-cache: prefill-only requests keep no KV cache (the seed's "
+                           "KV-cache-free mode); no prefix reuse, so the router's prefix affinity has nothing to win")
         logger.info("starting SGLang: %s", " ".join(sglang_argv))
-        server_args = prepare(sglang_argv, moe, "cpu" if plan.cpu_engine else "cuda")
+        server_args = prepare(sglang_argv, moe, "cpu" if plan.cpu_engine else "cuda", profile_dir)
     except (LaunchError, MoeArgsError) as exc:
         print(f"sgl_moe.launch_server: error: {exc}", file=sys.stderr)
         return 2

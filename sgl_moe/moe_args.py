@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 from dataclasses import dataclass
+from typing import Literal
 
 from sgl_moe.cli_args import add_dataclass_args, from_namespace
 
@@ -16,17 +17,39 @@ class MoeArgsError(ValueError):
 
 @dataclass(frozen=True)
 class MoeArgs:
+    weight_streaming: Literal["off", "host", "gather", "hybrid"] = "off"
+    """AsyncEP expert weight streaming. off: SGLang's own path, untouched. host: every MoE layer's experts
+    live in (pinned) host memory and a window of layers is streamed to the device ahead of the compute
+    (the first MoE layer stays resident). gather / hybrid: all-gather of expert shards from peer GPUs (plus
+    host prefetch): available in the standalone engine (python -m sgl_moe.streaming.bench / selfcheck), not
+    yet inside SGLang."""
+    stream_window: int = 2
+    """Device slots for streamed MoE layers (2 = ping-pong). Expert memory = (1 + window) x one layer."""
     saturation_flops: float | None = None
-    """Saturation threshold Θ in FLOPs reported to the router, overriding the worker's own value
-    (until calibration exists, a placeholder: the FLOPs of one full prefill step)."""
+    """Saturation threshold Θ in FLOPs reported to the router, overriding the worker's own (calibrated) value."""
     saturation_margin: float = 1.0
-    """Safety factor applied to the worker's own Θ (not to a manual --moe-saturation-flops)."""
+    """Safety factor α applied to the worker's own Θ (seed 000 Eq. 1 and 3; not to a manual --moe-saturation-flops)."""
+    calibration_timeout_s: float = 600.0
+    """How long the worker waits for its profile forward before keeping the fallback Θ (and saying so)."""
 
     def validate(self) -> None:
         if self.saturation_flops is not None and not self.saturation_flops > 0:
             raise MoeArgsError(f"--moe-saturation-flops must be positive, got {self.saturation_flops}")
         if not self.saturation_margin >= 1.0:
             raise MoeArgsError(f"--moe-saturation-margin must be >= 1.0, got {self.saturation_margin}")
+        if self.stream_window < 1:
+            raise MoeArgsError(f"--moe-stream-window must be at least 1 layer, got {self.stream_window}")
+        if self.weight_streaming in ("gather", "hybrid"):
+            raise MoeArgsError(
+                f"--moe-weight-streaming {self.weight_streaming} gathers expert shards from peer GPUs; this version "
+                "runs it in the standalone engine only (python -m sgl_moe.streaming.selfcheck / .bench), not inside "
+                "SGLang (it needs attention data parallelism with per-rank expert shards). Use host, or off.")
+        if not self.calibration_timeout_s > 0:
+            raise MoeArgsError(f"--moe-calibration-timeout-s must be positive, got {self.calibration_timeout_s}")
+
+    @property
+    def streaming(self) -> bool:
+        return self.weight_streaming != "off"
 
     @staticmethod
     def add_cli_args(parser: argparse.ArgumentParser) -> None:

@@ -8,13 +8,13 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from sgl_moe import __version__
 from sgl_moe.flops import FlopsModel
 from sgl_moe.moe_args import MoeArgs
+from sgl_moe.saturation import SaturationThreshold
 
 INFO_PATH = "/sgl_moe/info"
 TOKENIZER_PATH = "/sgl_moe/tokenizer.json"
@@ -40,28 +40,11 @@ def kv_event_endpoints(kv_events_config: str | None, dp_size: int) -> list[dict[
             for r in range(max(1, dp_size))]
 
 
-@dataclass(frozen=True)
-class SaturationThreshold:
-    flops: float
-    """Θ: in-flight FLOPs above which the router admits nothing more to this worker."""
-    source: str
-    """Where the value came from: manual, placeholder (later: calibrated)."""
-
-
-def saturation_threshold(flops: FlopsModel, step_tokens: int, moe: MoeArgs) -> SaturationThreshold:
-    """Θ until calibration exists: the FLOPs of one full prefill step (seed 000 App. B.4 fallback)."""
-    if moe.saturation_flops is not None:
-        return SaturationThreshold(moe.saturation_flops, "manual (--moe-saturation-flops)")
-    placeholder = flops.request_flops(0, step_tokens) * moe.saturation_margin
-    return SaturationThreshold(placeholder, f"placeholder: FLOPs of one {step_tokens}-token prefill step "
-                                            f"x margin {moe.saturation_margin} (not calibrated)")
-
-
 def build_info(*, model_name: str, model_path: str, tokenizer_path: str, hf_config: dict[str, Any],
                instance_id: str, context_length: int, page_size: int, step_tokens: int, dp_size: int, kv_events_config: str | None,
-               prefix_caching: bool, device: str, sglang_version: str, moe: MoeArgs) -> dict[str, Any]:
+               prefix_caching: bool, device: str, sglang_version: str, moe: MoeArgs,
+               theta: SaturationThreshold) -> dict[str, Any]:
     flops = FlopsModel.from_hf_config(hf_config)
-    theta = saturation_threshold(flops, step_tokens, moe)
     tok_dir = Path(tokenizer_path)
     return {
         "sgl_moe_version": __version__,
@@ -81,7 +64,7 @@ def build_info(*, model_name: str, model_path: str, tokenizer_path: str, hf_conf
         "dp_size": dp_size,
         "kv_events": kv_event_endpoints(kv_events_config, dp_size),
         "flops": flops.to_dict(),
-        "saturation": {"flops": theta.flops, "source": theta.source, "step_tokens": step_tokens},
+        "saturation": {**theta.to_dict(), "step_tokens": step_tokens},
         "device": device,
         "moe_args": {k: getattr(moe, k) for k in moe.__dataclass_fields__},
     }

@@ -6,9 +6,14 @@ import importlib.metadata
 import json
 import uuid
 from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
+from sgl_moe import saturation
+from sgl_moe.calibration import Calibrator, WorkerShape
+from sgl_moe.flops import FlopsModel
 from sgl_moe.moe_args import MoeArgs
+from sgl_moe.saturation import SaturationThreshold
 from sgl_moe.worker_info import INFO_PATH, TOKENIZER_CONFIG_PATH, TOKENIZER_PATH, build_info
 
 
@@ -29,8 +34,26 @@ def _context_length(resolved: int | None, hf_config: dict[str, Any]) -> int:
     return int(cfg.get("max_position_embeddings") or 0)
 
 
-def install_routes(server_args, moe: MoeArgs, device: str) -> None:
-    """Register the routes; the info payload is built on first request, after SGLang resolved its args."""
+def _theta_source(moe: MoeArgs, profile_dir: str | None, base_url: str, shape) -> Callable[[], SaturationThreshold]:
+    """Θ as it stands: manual; fixed (no streaming: Eq. 3 without transfer); or the calibrator's current value."""
+    if moe.saturation_flops is not None:
+        fixed = saturation.manual(moe.saturation_flops)
+        return lambda: fixed
+    if not moe.streaming or profile_dir is None:
+        def fixed_theta() -> SaturationThreshold:
+            s = shape()
+            return saturation.without_transfer(s.flops.request_flops(0, s.step_tokens), s.step_tokens,
+                                               moe.saturation_margin)
+        return fixed_theta
+    calibrator = Calibrator(base_url, profile_dir, shape, moe.saturation_margin, moe.calibration_timeout_s)
+    calibrator.start()
+    return calibrator.current
+
+
+def install_routes(server_args, moe: MoeArgs, device: str, profile_dir: str | None = None) -> None:
+    """Register the routes; the info payload is built on first request, after SGLang resolved its args.
+
+    With weight streaming on, a calibration thread starts here and profiles the worker once it is healthy."""
     from fastapi.responses import FileResponse, JSONResponse
     from sglang.srt.arg_groups.overrides import resolving_view
     from sglang.srt.entrypoints.http_server import app
@@ -40,20 +63,39 @@ def install_routes(server_args, moe: MoeArgs, device: str) -> None:
     # New on every start: a router that sees it change knows the worker restarted with an empty cache.
     instance_id = uuid.uuid4().hex
 
+    def resolved():
+        a = resolving_view(server_args)  # values SGLang resolved at start-up (page size, step)
+        step = a.chunked_prefill_size if (a.chunked_prefill_size or 0) > 0 else a.max_prefill_tokens
+        return a, int(step)
+
+    def shape() -> WorkerShape:
+        a, step = resolved()
+        cfg = hf_config.get("text_config", hf_config)
+        return WorkerShape(FlopsModel.from_hf_config(hf_config), step,
+                           _context_length(a.context_length, hf_config), int(cfg["vocab_size"]))
+
+    host = "127.0.0.1" if server_args.host in ("0.0.0.0", "", None, "*") else server_args.host
+    theta = _theta_source(moe, profile_dir, f"http://{host}:{server_args.port}", shape)
+
     def info() -> dict[str, Any]:
         if "info" not in cache:
-            a = resolving_view(server_args)  # values SGLang resolved at start-up (page size, step)
+            a, step = resolved()
             tokenizer_path = a.tokenizer_path or a.model_path
-            step = a.chunked_prefill_size if (a.chunked_prefill_size or 0) > 0 else a.max_prefill_tokens
             cache["info"] = build_info(
                 model_name=a.served_model_name or a.model_path, model_path=str(a.model_path),
                 tokenizer_path=str(tokenizer_path), hf_config=hf_config, instance_id=instance_id,
                 context_length=_context_length(a.context_length, hf_config), page_size=int(a.page_size or 1),
                 step_tokens=int(step), dp_size=int(a.dp_size or 1), kv_events_config=a.kv_events_config,
                 prefix_caching=not a.disable_radix_cache, device=device,
-                sglang_version=importlib.metadata.version("sglang"), moe=moe,
+                sglang_version=importlib.metadata.version("sglang"), moe=moe, theta=theta(),
             )
-        return cache["info"]
+        current = cache["info"]
+        if current["saturation"].get("state") in ("calibrating",):
+            latest = theta()
+            if latest.state != "calibrating":  # calibration finished: freeze the info with its result
+                current = cache["info"] = {**current, "saturation": {**latest.to_dict(),
+                                                                     "step_tokens": current["saturation"]["step_tokens"]}}
+        return current
 
     async def get_info() -> JSONResponse:
         return JSONResponse(info())

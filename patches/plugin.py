@@ -1,0 +1,31 @@
+"""SGLang plugin entry point (group ``sglang.srt.plugins``): registers sgl_moe's patches in every process.
+
+Does nothing unless the launcher exported a runtime configuration that turns a patch on, so an SGLang
+started any other way in this environment runs its own code untouched.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from sgl_moe.patches.runtime_env import RuntimeConfig
+
+log = logging.getLogger("sgl_moe.patches")
+
+_registered = False
+
+
+def register() -> None:
+    global _registered
+    cfg = RuntimeConfig.from_env()
+    if cfg is None or cfg.weight_streaming == "off" or _registered:
+        return
+    from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+
+    from sgl_moe.patches import expert_streaming
+
+    HookRegistry.register(expert_streaming.LOAD_MODEL, expert_streaming.after_load_model, HookType.AFTER)
+    HookRegistry.register(expert_streaming.RUN_MOE_CORE, expert_streaming.around_run_moe_core, HookType.AROUND)
+    _registered = True
+    log.info("sgl_moe patch registered: expert weight streaming (%s, window %d)", cfg.weight_streaming,
+             cfg.stream_window)

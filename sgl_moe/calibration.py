@@ -1,0 +1,109 @@
+"""Θ calibration on a running worker (seed 000 App. B.4), from SGLang's HTTP process.
+
+Once the server answers ``/health``, the calibrator asks the scheduler (``profile_handshake``) to time the
+next forward of at least S tokens, sends one ``/generate`` of random token ids filling the worker's
+largest step (S = min(step, context - 8) tokens per prompt, step // S prompts in one batch), waits for the
+per-layer profile and turns it into Θ with Eq. 3. Until then ``/sgl_moe/info`` reports the fallback
+α · F_ref with state ``calibrating``; the router re-reads the info until the state changes.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import random
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from sgl_moe import saturation
+from sgl_moe.flops import FlopsModel
+from sgl_moe.patches import profile_handshake
+from sgl_moe.saturation import SaturationThreshold
+
+log = logging.getLogger("sgl_moe.calibration")
+
+
+@dataclass(frozen=True)
+class WorkerShape:
+    """What the calibration needs from SGLang's resolved arguments (available once the server is up)."""
+
+    flops: FlopsModel
+    step_tokens: int
+    context_length: int
+    vocab_size: int
+
+
+class Calibrator:
+    def __init__(self, base_url: str, profile_dir: str, shape: Callable[[], WorkerShape], margin: float,
+                 timeout_s: float) -> None:
+        self.base_url = base_url
+        self.profile_dir = profile_dir
+        self._shape = shape
+        self.margin = margin
+        self.timeout_s = timeout_s
+        self.result: SaturationThreshold | None = None
+        self._thread = threading.Thread(target=self._run, name="sgl_moe-calibration", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def current(self) -> SaturationThreshold:
+        """The calibrated Θ, or the fallback (state ``calibrating``) while the profile is pending."""
+        if self.result is not None:
+            return self.result
+        shape = self._shape()
+        return saturation.without_transfer(shape.flops.request_flops(0, shape.step_tokens), shape.step_tokens,
+                                           self.margin, state="calibrating", why="fallback until calibrated")
+
+    def _run(self) -> None:
+        deadline = time.monotonic() + self.timeout_s
+        try:
+            self._wait_healthy(deadline)
+            shape = self._shape()
+            per_prompt = max(16, min(shape.step_tokens, shape.context_length - 8))
+            prompts = max(1, shape.step_tokens // per_prompt)
+            profile_handshake.request(self.profile_dir, per_prompt)
+            rng = random.Random(0)
+            ids = [[rng.randrange(16, shape.vocab_size) for _ in range(per_prompt)] for _ in range(prompts)]
+            log.info("calibrating Θ: one profile forward of %d prompt(s) x %d tokens", prompts, per_prompt)
+            self._post("/generate", {"input_ids": ids, "sampling_params": {"max_new_tokens": 1}}, deadline)
+            profile = self._wait_profile(deadline)
+            tokens = int(profile["tokens"])
+            # The profiled forward ran tokens / per_prompt whole prompts of the batch.
+            f_ref = shape.flops.request_flops(0, per_prompt) * tokens / per_prompt
+            self.result = saturation.calibrated(profile["layers"], f_ref, tokens, self.margin)
+            log.info("Θ = %.4g FLOPs: %s", self.result.flops, self.result.source)
+        except Exception as exc:  # noqa: BLE001 - a failed calibration keeps the fallback and says why
+            fallback = self.current()
+            self.result = SaturationThreshold(fallback.flops, f"calibration failed ({exc}); kept the fallback: "
+                                                              f"{fallback.source}", "failed", fallback.details)
+            log.warning("Θ calibration failed: %s; keeping the fallback %.4g FLOPs", exc, fallback.flops)
+
+    def _wait_healthy(self, deadline: float) -> None:
+        while time.monotonic() < deadline:
+            try:
+                with urllib.request.urlopen(self.base_url + "/health", timeout=5) as resp:
+                    if resp.status == 200:
+                        return
+            except (urllib.error.URLError, OSError):
+                pass
+            time.sleep(0.5)
+        raise TimeoutError("the server did not become healthy in time")
+
+    def _post(self, path: str, body: dict, deadline: float) -> None:
+        req = urllib.request.Request(self.base_url + path, data=json.dumps(body).encode(),
+                                     headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=max(1.0, deadline - time.monotonic())) as resp:
+            resp.read()
+
+    def _wait_profile(self, deadline: float) -> dict:
+        while time.monotonic() < deadline:
+            profile = profile_handshake.read_profile(self.profile_dir)
+            if profile is not None:
+                return profile
+            time.sleep(0.2)
+        raise TimeoutError("no forward of the requested size was profiled")

@@ -1,0 +1,64 @@
+"""The saturation threshold Θ (seed 000 Eq. 1 and 3, App. B.4), in FLOPs: pure arithmetic, no torch.
+
+Eq. 3: Θ = α · (max_l T_l / T_0) · F_ref, where one profile forward of F_ref FLOPs at the worker's largest
+step is timed per MoE layer: T_0 is the first MoE layer's pure compute (its experts are resident), T_l the
+envelope max(compute, transfer) of layer l. The ratio is how much compute must be stacked on the reference
+batch to hide the slowest transfer; with no transfer it is 1 and Θ = α · F_ref.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+
+class CalibrationError(ValueError):
+    """A profile that cannot give a threshold (no layers, zero compute time)."""
+
+
+@dataclass(frozen=True)
+class SaturationThreshold:
+    flops: float
+    """Θ: in-flight FLOPs above which the router admits nothing more to this worker."""
+    source: str
+    """Where the value came from, in words (for logs and ``GET /workers``)."""
+    state: str
+    """``manual``, ``fixed`` (no weight streaming: Eq. 3 without transfer), ``calibrating`` (fallback in use
+    until the profile arrives), ``calibrated``, or ``failed`` (fallback kept; the reason is in ``source``)."""
+    details: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"flops": self.flops, "source": self.source, "state": self.state, **self.details}
+
+
+def manual(flops: float) -> SaturationThreshold:
+    return SaturationThreshold(flops, "manual (--moe-saturation-flops)", "manual")
+
+
+def without_transfer(f_ref: float, step_tokens: int, margin: float, state: str = "fixed",
+                     why: str = "no weight streaming: Eq. 3 with no transfer") -> SaturationThreshold:
+    """α · F_ref: Eq. 3 when every transfer is hidden (or none exists); also the fallback before calibration."""
+    return SaturationThreshold(f_ref * margin, f"{why} = margin {margin} x FLOPs of one {step_tokens}-token "
+                                               "prefill step", state, {"step_tokens": step_tokens, "margin": margin})
+
+
+def calibrated(layers: list[dict[str, float]], f_ref: float, tokens: int, margin: float) -> SaturationThreshold:
+    """Eq. 3 from per-layer timings ``[{"layer", "wall_s", "wait_s"}, ...]`` of a profile forward of
+    ``tokens`` tokens costing ``f_ref`` FLOPs."""
+    if not layers:
+        raise CalibrationError("the profile forward recorded no MoE layer")
+    t0 = layers[0]["wall_s"] - layers[0]["wait_s"]
+    if not t0 > 0:
+        raise CalibrationError(f"the first MoE layer's compute time is {t0} s; cannot form the ratio")
+    t_max = max(layer["wall_s"] for layer in layers)
+    ratio = max(1.0, t_max / t0)
+    slowest = max(layers, key=lambda layer: layer["wall_s"])
+    return SaturationThreshold(
+        margin * ratio * f_ref,
+        f"calibrated (Eq. 3): margin {margin} x (max layer {t_max * 1e3:.2f} ms / first-layer compute "
+        f"{t0 * 1e3:.2f} ms = {ratio:.2f}) x FLOPs of the {tokens}-token profile forward",
+        "calibrated",
+        {"profile_tokens": tokens, "f_ref": f_ref, "margin": margin, "ratio": ratio, "t0_s": t0,
+         "t_max_s": t_max, "slowest_layer": int(slowest["layer"]),
+         "mean_wait_s": sum(layer["wait_s"] for layer in layers) / len(layers)},
+    )
