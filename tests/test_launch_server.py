@@ -49,6 +49,11 @@ def test_port_in_use():
     (["--port", "abc"], "--port must be a TCP port number"),
     (["--dp-size", "two"], "--dp-size must be a positive integer"),
     (["--max-running-requests", "-3"], "--max-running-requests must be a positive integer"),
+    (["--moe-weight-streaming", "gather"], "standalone engine only"),
+    (["--moe-weight-streaming", "hybrid"], "standalone engine only"),
+    (["--moe-weight-streaming", "disk"], "invalid choice: 'disk'"),
+    (["--moe-weight-streaming", "host", "--moe-stream-window", "0"], "--moe-stream-window must be at least 1"),
+    (["--moe-weight-streaming", "host", "--ep-size", "2"], "cannot be combined with --ep-size 2"),
 ])
 def test_invalid_flag_values(args, needle):
     _one_line_error(_launch(*args), needle)
@@ -101,3 +106,22 @@ def test_neighbouring_workers_get_disjoint_event_ports():
     ports = [kv[k] for kv in kvs for k in ("endpoint", "replay_endpoint")]
     assert ports == [f"tcp://127.0.0.1:{base + 1000}", f"tcp://127.0.0.1:{base + 2000}",
                      f"tcp://127.0.0.1:{base + 1001}", f"tcp://127.0.0.1:{base + 2001}"]
+
+
+def test_streaming_on_a_gpu_refuses_cuda_graphs(monkeypatch):
+    """On a GPU, per-layer buffer swaps and CUDA graphs cannot work together: refused before SGLang starts."""
+    from sgl_moe.launch_server import export_runtime
+    from sgl_moe.moe_args import MoeArgs
+    from sgl_moe.patches.runtime_env import ENV_VAR
+
+    monkeypatch.delenv(ENV_VAR, raising=False)
+    with pytest.raises(LaunchError, match="--disable-cuda-graph"):
+        export_runtime(["--port", "30000"], MoeArgs(weight_streaming="host"), cpu_engine=False)
+    profile_dir = export_runtime(["--disable-cuda-graph"], MoeArgs(weight_streaming="host", stream_window=3),
+                                 cpu_engine=False)
+    import os
+
+    assert json.loads(os.environ[ENV_VAR]) == {"weight_streaming": "host", "stream_window": 3,
+                                               "profile_dir": profile_dir}
+    monkeypatch.delenv(ENV_VAR)
+    assert export_runtime([], MoeArgs(), cpu_engine=True) is None and ENV_VAR not in os.environ

@@ -1,0 +1,40 @@
+"""The plugin is inert unless the launcher turned a patch on: SGLang started any other way runs untouched."""
+
+import subprocess
+import sys
+
+from sgl_moe.patches.runtime_env import ENV_VAR, RuntimeConfig
+
+
+def _registered_hooks(env_value: str | None) -> str:
+    code = (
+        "from sglang.srt.plugins.hook_registry import HookRegistry\n"
+        "from sgl_moe.patches import plugin\n"
+        "plugin.register()\n"
+        "print(sorted(HookRegistry._hooks))\n"
+    )
+    import os
+
+    env = {k: v for k, v in os.environ.items() if k != ENV_VAR}
+    if env_value is not None:
+        env[ENV_VAR] = env_value
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    return out.stdout.strip().splitlines()[-1]
+
+
+def test_no_configuration_registers_nothing():
+    assert _registered_hooks(None) == "[]"
+    assert _registered_hooks(RuntimeConfig(weight_streaming="off").to_env()) == "[]"
+
+
+def test_host_streaming_registers_the_two_hooks():
+    hooks = _registered_hooks(RuntimeConfig(weight_streaming="host", stream_window=2).to_env())
+    assert "FusedMoE.run_moe_core" in hooks and "ModelRunner.load_model" in hooks
+
+
+def test_the_plugin_is_registered_under_sglangs_entry_point_group():
+    from importlib.metadata import entry_points
+
+    [ep] = [ep for ep in entry_points(group="sglang.srt.plugins") if ep.name == "sgl_moe"]
+    assert ep.value == "sgl_moe.patches.plugin:register"
