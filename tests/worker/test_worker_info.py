@@ -20,10 +20,11 @@ def test_info_describes_the_worker(worker):
     assert events["replay_endpoint"].startswith("tcp://127.0.0.1:")
     config = json.loads((DEFAULT_MODEL_DIR / "config.json").read_text())
     assert FlopsModel.from_dict(info["flops"]) == FlopsModel.from_hf_config(config)
-    # Placeholder Θ: one full prefill step of the size SGLang resolved at start-up.
+    # No weight streaming: Eq. 3 with no transfer, i.e. margin x one full prefill step of the size SGLang
+    # resolved at start-up.
     sat = info["saturation"]
     assert sat["flops"] == pytest.approx(FlopsModel.from_hf_config(config).request_flops(0, sat["step_tokens"]))
-    assert "placeholder" in sat["source"]
+    assert sat["state"] == "fixed" and "no weight streaming" in sat["source"]
     assert info["context_length"] == config["max_position_embeddings"]
     assert len(info["instance_id"]) == 32
 
