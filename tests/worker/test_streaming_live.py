@@ -1,8 +1,10 @@
 """A real SGLang worker with ``--moe-weight-streaming host`` against the unpatched session worker.
 
-Reference: the same SGLang, same weights, unpatched. Tolerance: exact. The patch only changes where the
-experts' bytes live (a host store copied into a device slot); SGLang's own MoE kernel then reads the same
-bytes in the same order, and requests are sent one at a time so batch composition matches.
+Reference: the same SGLang, same weights, unpatched. Tolerance: same token ids, logprobs within 1e-5. The patch
+only changes where the experts' bytes live (a host store copied into a slot buffer); SGLang's own MoE kernel
+reads the same bytes. It is not bit-exact because the fp32 BLAS kernels choose their blocking (and so their
+summation order) from buffer alignment and shapes, and the two workers' KV pools differ in size: observed
+differences are ~2e-7 (one or two float32 ulps of a logprob near -2), far below 1e-5, and most runs are exact.
 """
 
 from __future__ import annotations
@@ -49,15 +51,23 @@ def _logprobs(url, ids):
             "logprob_start_len": 0, "top_logprobs_num": 5}
     out = httpx.post(f"{url}/generate", json=body, timeout=300).json()
     meta = out["meta_info"]
-    return (out["output_ids"], [t[0] for t in meta["input_token_logprobs"][1:]],
-            [t[0] for t in meta["output_token_logprobs"]], meta["output_top_logprobs"])
+    top = [[(t[1], t[0]) for t in pos] for pos in meta["output_top_logprobs"]]
+    values = [t[0] for t in meta["input_token_logprobs"][1:]] + [t[0] for t in meta["output_token_logprobs"]]
+    values += [v for pos in top for _, v in pos]
+    return out["output_ids"], [[tok for tok, _ in pos] for pos in top], values
 
 
 def test_streamed_experts_give_the_unpatched_logprobs(worker, streaming_worker):
     rng = random.Random(7)
+    worst = 0.0
     for n in (17, 300, 2000):  # one page, several, and a long prompt
         ids = [rng.randrange(16, 4096) for _ in range(n)]
-        assert _logprobs(streaming_worker.url, ids) == _logprobs(worker.url, ids)
+        out_s, top_s, vals_s = _logprobs(streaming_worker.url, ids)
+        out_r, top_r, vals_r = _logprobs(worker.url, ids)
+        assert out_s == out_r and top_s == top_r
+        assert len(vals_s) == len(vals_r) == n - 1 + 4 + 4 * 5
+        worst = max(worst, max(abs(a - b) for a, b in zip(vals_s, vals_r)))
+    assert worst <= 1e-5, worst
 
 
 def test_streaming_worker_reports_a_calibrated_theta(streaming_worker):
