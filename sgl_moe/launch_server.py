@@ -255,6 +255,9 @@ def prepare(argv: list[str], moe: MoeArgs, device: str, profile_dir: str | None 
     build_parser(with_sglang=True).parse_args(argv)  # unknown flags and bad values: one line, before SGLang
     try:
         server_args = prepare_server_args(argv)
+        # SGLang validates flag combinations (e.g. --prefill-only-disable-kv-cache without --is-embedding) while
+        # resolving; doing it here turns its refusal into one line instead of a traceback from run_server.
+        server_args.resolve_once()
     except (ValueError, AssertionError, TypeError) as exc:
         raise LaunchError(f"SGLang rejected the arguments: {str(exc).strip().splitlines()[0]}") from None
     install_routes(server_args, moe, device, profile_dir)
@@ -290,8 +293,9 @@ def main(argv: list[str] | None = None) -> int:
         plan, sglang_argv = apply_platform(sglang_argv)
         profile_dir = export_runtime(sglang_argv, moe, plan.cpu_engine)
         if _has_flag(sglang_argv, "--prefill-only-disable-kv-cache"):
-            logger.warning("--prefill-only-disable-kv-cache: prefill-only requests keep no KV cache (the seed's "
-                           "KV-cache-free mode); no prefix reuse, so the router's prefix affinity has nothing to win")
+            logger.warning("--prefill-only-disable-kv-cache: requests keep no KV cache (the seed's KV-cache-free "
+                           "mode); no prefix reuse, so the router's prefix affinity has nothing to win. SGLang "
+                           "0.5.23 allows it only with --is-embedding")
         logger.info("starting SGLang: %s", " ".join(sglang_argv))
         server_args = prepare(sglang_argv, moe, "cpu" if plan.cpu_engine else "cuda", profile_dir)
     except (LaunchError, MoeArgsError) as exc:

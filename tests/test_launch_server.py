@@ -54,6 +54,8 @@ def test_port_in_use():
     (["--moe-weight-streaming", "disk"], "invalid choice: 'disk'"),
     (["--moe-weight-streaming", "host", "--moe-stream-window", "0"], "--moe-stream-window must be at least 1"),
     (["--moe-weight-streaming", "host", "--ep-size", "2"], "cannot be combined with --ep-size 2"),
+    # SGLang's own check, made while it resolves arguments: one line, not a traceback from run_server.
+    (["--prefill-only-disable-kv-cache"], "requires --is-embedding"),
 ])
 def test_invalid_flag_values(args, needle):
     _one_line_error(_launch(*args), needle)
