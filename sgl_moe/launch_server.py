@@ -12,6 +12,7 @@ import argparse
 import json
 import logging
 import os
+import shutil
 import socket
 import sys
 import tempfile
@@ -283,6 +284,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     moe_parser = _OneLineArgumentParser(add_help=False, allow_abbrev=False)
     MoeArgs.add_cli_args(moe_parser)
+    profile_dir: str | None = None
     try:
         moe_ns, sglang_argv = moe_parser.parse_known_args(argv)
         moe = MoeArgs.from_cli_args(moe_ns)
@@ -300,9 +302,15 @@ def main(argv: list[str] | None = None) -> int:
         server_args = prepare(sglang_argv, moe, "cpu" if plan.cpu_engine else "cuda", profile_dir)
     except (LaunchError, MoeArgsError) as exc:
         print(f"sgl_moe.launch_server: error: {exc}", file=sys.stderr)
+        if profile_dir:
+            shutil.rmtree(profile_dir, ignore_errors=True)
         return 2
     t0 = time.time()
-    serve(server_args)
+    try:
+        serve(server_args)
+    finally:
+        if profile_dir:
+            shutil.rmtree(profile_dir, ignore_errors=True)
     logger.info("server stopped after %.0f s", time.time() - t0)
     return 0
 
