@@ -80,6 +80,29 @@ def _copy_time(store: ExpertStore, device: torch.device, reps: int = 5) -> float
     return statistics.median(times)
 
 
+def _measure(model: MoEStack, stores: dict, x: torch.Tensor, way: str, ref_out: torch.Tensor | None, flops: float,
+             warmup: int, reps: int, peak_flops: float) -> tuple[dict, torch.Tensor]:
+    device = model.device
+    scfg, pinned = WAYS[way]
+    _sync(device)
+    before = torch.cuda.memory_allocated(device) if device.type == "cuda" else 0
+    streamer = WeightStreamer(stores[pinned], scfg, device)
+    try:
+        _sync(device)
+        measured_mem = (torch.cuda.memory_allocated(device) - before) if device.type == "cuda" else None
+        out = model.forward(x, streamer)
+        max_diff = 0.0 if ref_out is None else float((out.float() - ref_out.float()).abs().max())
+        times = _time_forward(model, x, streamer, warmup, reps)
+    finally:
+        streamer.close()
+    t = statistics.median(times)
+    tokens = x.shape[0] * x.shape[1]
+    return {"tokens": tokens, "batch": x.shape[0], "seq": x.shape[1], "way": way, "median_s": t,
+            "spread_s": max(times) - min(times), "tokens_per_s": tokens / t, "mfu": flops / t / peak_flops,
+            "expert_bytes_on_device": streamer.device_expert_bytes(), "measured_allocated_bytes": measured_mem,
+            "max_abs_diff_vs_first_way": max_diff, "loads": streamer.stats.loads}, out
+
+
 def run(cfg: MoEStackConfig, device: torch.device, sizes: list[int], seq: int, ways: list[str], warmup: int,
         reps: int, peak_flops: float, progress=print) -> dict:
     model = MoEStack(cfg, device)
@@ -94,30 +117,22 @@ def run(cfg: MoEStackConfig, device: torch.device, sizes: list[int], seq: int, w
         flops = cfg.flops(batch, s)
         ref_out = None
         for way in ways:
-            scfg, pinned = WAYS[way]
-            _sync(device)
-            before = torch.cuda.memory_allocated(device) if device.type == "cuda" else 0
-            streamer = WeightStreamer(stores[pinned], scfg, device)
-            _sync(device)
-            measured_mem = (torch.cuda.memory_allocated(device) - before) if device.type == "cuda" else None
-            out = model.forward(x, streamer)
-            if ref_out is None:
-                ref_out, max_diff = out, 0.0
+            try:
+                row, out = _measure(model, stores, x, way, ref_out, flops, warmup, reps, peak_flops)
+            except torch.cuda.OutOfMemoryError:
+                # A smaller GPU may not fit the largest batches: say so and go on with the other sizes.
+                row, out = {"tokens": batch * s, "way": way, "error": "out of memory"}, None
+                progress(f"{batch * s:>7} tokens  {way:<19} out of memory")
             else:
-                max_diff = float((out.float() - ref_out.float()).abs().max())
+                progress(f"{row['tokens']:>7} tokens  {way:<19} {row['median_s'] * 1e3:9.2f} ms  "
+                         f"{row['tokens_per_s']:>12,.0f} tok/s  MFU {row['mfu']:.3f}  "
+                         f"experts on device {row['expert_bytes_on_device'] / 1e9:.2f} GB")
+            if ref_out is None and out is not None:
+                ref_out = out
             del out
-            times = _time_forward(model, x, streamer, warmup, reps)
-            t = statistics.median(times)
-            row = {"tokens": batch * s, "batch": batch, "seq": s, "way": way, "median_s": t,
-                   "spread_s": max(times) - min(times), "tokens_per_s": batch * s / t,
-                   "mfu": flops / t / peak_flops, "expert_bytes_on_device": streamer.device_expert_bytes(),
-                   "measured_allocated_bytes": measured_mem, "max_abs_diff_vs_first_way": max_diff,
-                   "loads": streamer.stats.loads}
-            streamer.close()
-            del streamer
             rows.append(row)
-            progress(f"{row['tokens']:>7} tokens  {way:<19} {t * 1e3:9.2f} ms  {row['tokens_per_s']:>12,.0f} tok/s  "
-                     f"MFU {row['mfu']:.3f}  experts on device {row['expert_bytes_on_device'] / 1e9:.2f} GB")
+            if device.type == "cuda":
+                torch.cuda.empty_cache()
         if device.type == "cuda":
             torch.cuda.empty_cache()
     return summarize(cfg, rows, layer_bytes, copy_s, peak_flops, device)
@@ -125,7 +140,7 @@ def run(cfg: MoEStackConfig, device: torch.device, sizes: list[int], seq: int, w
 
 def summarize(cfg: MoEStackConfig, rows: list[dict], layer_bytes: int, copy_s: float, peak_flops: float,
               device: torch.device) -> dict:
-    by = {(r["tokens"], r["way"]): r for r in rows}
+    by = {(r["tokens"], r["way"]): r for r in rows if "error" not in r}
     sizes = sorted({r["tokens"] for r in rows})
     ratios = []
     for n in sizes:
@@ -144,8 +159,9 @@ def summarize(cfg: MoEStackConfig, rows: list[dict], layer_bytes: int, copy_s: f
             crossing = r["tokens"]
             break
     # This run's own T*: tokens at which one layer's compute (resident, per token) equals one layer's copy.
-    largest = max(sizes)
-    res = by.get((largest, "resident"))
+    measured = [n for n in sizes if (n, "resident") in by]
+    largest = max(measured) if measured else None
+    res = by[(largest, "resident")] if largest else None
     per_token_layer_s = res["median_s"] / largest / cfg.layers if res else None
     t_star_measured = copy_s / per_token_layer_s if per_token_layer_s else None
     return {
@@ -155,7 +171,7 @@ def summarize(cfg: MoEStackConfig, rows: list[dict], layer_bytes: int, copy_s: f
         "rows": rows, "ratios": ratios, "crossing_0_95_tokens": crossing,
         "t_star_measured_tokens": t_star_measured, "t_star_physics_tokens": PHYSICS_T_STAR,
         "streamed_expert_bytes_equal_window_x_layer": all(
-            r["expert_bytes_on_device"] == 2 * layer_bytes for r in rows if r["way"] == "streamed"),
+            r["expert_bytes_on_device"] == 2 * layer_bytes for r in by.values() if r["way"] == "streamed"),
     }
 
 
@@ -169,6 +185,8 @@ def table(result: dict) -> str:
 
     def f(n, way, key, fmt):
         r = by.get((n, way))
+        if r and "error" in r:
+            return "OOM"
         return format(r[key], fmt) if r else "-"
 
     for ratio in result["ratios"]:

@@ -45,10 +45,11 @@ def _use_grouped(x: torch.Tensor) -> bool:
         ok = hasattr(torch, "_grouped_mm")
         if ok:
             try:
-                a = torch.ones(32, 16, dtype=x.dtype, device=x.device)
-                b = torch.ones(2, 16, 16, dtype=x.dtype, device=x.device)
-                out = torch._grouped_mm(a, b, offs=torch.tensor([16, 32], dtype=torch.int32, device=x.device))
-                ok = bool(torch.allclose(out.float(), torch.full_like(out.float(), 16.0)))
+                # The layout experts_forward uses: weights [G, N, K] seen transposed (column-major per group).
+                a = torch.ones(64, 32, dtype=x.dtype, device=x.device)
+                b = torch.ones(2, 32, 32, dtype=x.dtype, device=x.device).transpose(1, 2)
+                out = torch._grouped_mm(a, b, offs=torch.tensor([32, 64], dtype=torch.int32, device=x.device))
+                ok = bool(torch.allclose(out.float(), torch.full_like(out.float(), 32.0)))
             except (RuntimeError, TypeError, NotImplementedError):
                 ok = False
         _GROUPED_OK[key] = ok
@@ -76,6 +77,7 @@ def experts_forward(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, w
     act = F.silu(gate) * up
     down = _grouped_matmul(act, w.w2, offsets, host_counts)  # [T·k, H]
     scale = weights.reshape(-1)[order].to(down.dtype).unsqueeze(-1)
-    out = torch.zeros_like(x)
-    out.index_add_(0, token_of, down * scale)
-    return out
+    # Back to token order and a sum over each token's k experts: deterministic (no atomic scatter-add).
+    unsorted = torch.empty_like(down)
+    unsorted[order] = down * scale
+    return unsorted.view(t, k, -1).sum(dim=1)

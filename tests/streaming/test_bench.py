@@ -31,3 +31,24 @@ def test_bad_arguments_are_one_line_errors(capsys):
     with pytest.raises(SystemExit) as exc:
         bench.main(["--device", "cpu", "--tiny", "--ways", "resident,teleport"])
     assert exc.value.code == 2 and "unknown way" in capsys.readouterr().err
+
+
+def test_a_size_that_does_not_fit_is_reported_not_fatal(monkeypatch, tmp_path, capsys):
+    import torch
+
+    real = bench._measure
+
+    def measure(model, stores, x, way, *args):
+        if x.shape[0] * x.shape[1] == 128 and way == "streamed":
+            raise torch.cuda.OutOfMemoryError("CUDA out of memory (simulated)")
+        return real(model, stores, x, way, *args)
+
+    monkeypatch.setattr(bench, "_measure", measure)
+    out = tmp_path / "bench.json"
+    assert bench.main(["--device", "cpu", "--tiny", "--layers", "2", "--sizes", "32,128", "--seq", "32",
+                       "--warmup", "0", "--reps", "1", "--json", str(out)]) == 0
+    result = json.loads(out.read_text())
+    assert {"tokens": 128, "way": "streamed", "error": "out of memory"} in result["rows"]
+    [r128] = [r for r in result["ratios"] if r["tokens"] == 128]
+    assert r128["streamed_over_resident"] is None
+    assert "OOM" in capsys.readouterr().out
