@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import torch
 
-from sgl_moe.streaming.config import StreamConfig
+from sgl_moe.streaming.config import StreamConfig, StreamConfigError
 from sgl_moe.streaming.expert_store import ExpertStore, LayerWeights
 from sgl_moe.streaming.lanes import DoneFence, Fence, compute_fence, make_lane
 from sgl_moe.streaming.layer_timer import LayerTimer
@@ -64,8 +64,6 @@ class WeightStreamer:
             import torch.distributed as dist
 
             if not dist.is_initialized():
-                from sgl_moe.streaming.config import StreamConfigError
-
                 raise StreamConfigError(f"mode {cfg.mode!r} needs an initialised torch.distributed process group")
             world, self.rank = dist.get_world_size(group), dist.get_rank(group)
         cfg.validate(self.num_layers, world)

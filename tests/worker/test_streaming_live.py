@@ -16,20 +16,14 @@ import pytest
 
 from sgl_moe.flops import FlopsModel
 from sgl_moe.router_process import RouterProcess
-from sgl_moe.worker_process import WorkerProcess, WorkerStartError
 
 pytestmark = pytest.mark.worker
 
 
 @pytest.fixture(scope="module")
-def streaming_worker(tmp_path_factory):
-    log = tmp_path_factory.mktemp("streaming") / "worker.log"
-    proc = WorkerProcess(log_path=log, args=["--moe-weight-streaming", "host", "--moe-stream-window", "2",
-                                             "--max-total-tokens", "16384"]).start()
-    try:
-        proc.info = proc.wait_ready(timeout=600)
-    except WorkerStartError as exc:
-        pytest.fail(str(exc))
+def streaming_worker(tmp_path_factory, start_worker):
+    proc = start_worker(tmp_path_factory.mktemp("streaming") / "worker.log",
+                        ["--moe-weight-streaming", "host", "--moe-stream-window", "2", "--max-total-tokens", "16384"])
     yield proc
     proc.stop()
 

@@ -16,7 +16,6 @@ import httpx
 import pytest
 
 from sgl_moe import DEFAULT_MODEL_DIR
-from sgl_moe.worker_process import WorkerProcess, WorkerStartError
 
 pytestmark = pytest.mark.worker
 
@@ -40,14 +39,9 @@ def mixtral_dir(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def mixtral_worker(mixtral_dir, tmp_path_factory):
-    proc = WorkerProcess(log_path=tmp_path_factory.mktemp("mixtral") / "worker.log",
-                         args=["--model-path", str(mixtral_dir), "--moe-weight-streaming", "host",
-                               "--max-total-tokens", "16384"]).start()
-    try:
-        proc.info = proc.wait_ready(timeout=600)
-    except WorkerStartError as exc:
-        pytest.fail(str(exc))
+def mixtral_worker(mixtral_dir, tmp_path_factory, start_worker):
+    proc = start_worker(tmp_path_factory.mktemp("mixtral") / "worker.log",
+                        ["--model-path", str(mixtral_dir), "--moe-weight-streaming", "host", "--max-total-tokens", "16384"])
     yield proc
     proc.stop()
 
