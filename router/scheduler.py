@@ -362,11 +362,9 @@ class Scheduler:
         keys = job.keys[0]
         groups = self.index.match_groups(keys, view.mask) if keys else []
         if policy == "round_robin":
-            room = [w for w in workers if w.admissible]
-            if not room:
+            w = self._next_round_robin(job, workers)
+            if w is None:
                 return None
-            job.waiting_for = None
-            w = room[next(self._rr) % len(room)]
             return self._reserve(job, self._candidate_of(job, w, groups), "round robin", t0)
         if not view.any_admissible():
             return None
@@ -400,17 +398,23 @@ class Scheduler:
             return None
         return self._reserve(job, choice, reason, t0)
 
+    def _next_round_robin(self, job: Job, workers: list[Worker]) -> Worker | None:
+        """The next admissible worker in turn (None: all saturated, the job keeps waiting)."""
+        room = [w for w in workers if w.admissible]
+        if not room:
+            return None
+        job.waiting_for = None
+        return room[next(self._rr) % len(room)]
+
     def _place_among_matched(self, job: Job, view: LoadOrder, workers: list[Worker],
                              t0: float) -> Placement | None:
         """The fast path for several prompts or DP ranks: every worker holding a prefix, scored, plus
         the least-loaded admissible other worker by each key the policy uses."""
         policy = self.cfg.policy
         if policy == "round_robin":
-            room = [w for w in workers if w.admissible]
-            if not room:
+            w = self._next_round_robin(job, workers)
+            if w is None:
                 return None
-            job.waiting_for = None
-            w = room[next(self._rr) % len(room)]
             cands, _ = self._matched_candidates(job, view)
             zero = (0,) * len(job.prompt_lens)
             choice = next((c for c in cands if c.worker is w), None)
