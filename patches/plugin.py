@@ -22,10 +22,14 @@ def register() -> None:
         return
     from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
-    from sgl_moe.patches import expert_streaming
+    if cfg.expert_offload:  # decode offload; its prefill path is the streaming patch, called from inside
+        from sgl_moe.patches import expert_offload as patch
+    else:
+        from sgl_moe.patches import expert_streaming as patch  # type: ignore[no-redef]
 
-    HookRegistry.register(expert_streaming.LOAD_MODEL, expert_streaming.after_load_model, HookType.AFTER)
-    HookRegistry.register(expert_streaming.RUN_MOE_CORE, expert_streaming.around_run_moe_core, HookType.AROUND)
+    HookRegistry.register(patch.LOAD_MODEL, patch.after_load_model, HookType.AFTER)
+    HookRegistry.register(patch.RUN_MOE_CORE, patch.around_run_moe_core, HookType.AROUND)
     _registered = True
-    log.info("sgl_moe patch registered: expert weight streaming (%s, window %d)", cfg.weight_streaming,
-             cfg.stream_window)
+    log.info("sgl_moe patch registered: expert weight streaming (%s, window %d)%s", cfg.weight_streaming,
+             cfg.stream_window, f"; expert offload ({cfg.execution}, predictor {cfg.predictor})"
+             if cfg.expert_offload else "")

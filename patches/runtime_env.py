@@ -18,6 +18,10 @@ ENV_VAR = "SGLMOE_RUNTIME"
 class RuntimeConfig:
     weight_streaming: str = "off"
     stream_window: int = 2
+    expert_offload: bool = False
+    predictor: str = "hybrid"
+    execution: str = "exact"
+    resident_experts: int = 0
     profile_dir: str | None = None
     """Where the calibration handshake happens: the HTTP process writes ``request.json`` (minimum tokens of the
     profile forward); the scheduler writes ``profile.json`` (per-layer timings of that forward)."""

@@ -222,6 +222,21 @@ def build_parser(with_sglang: bool) -> argparse.ArgumentParser:
     return parser
 
 
+PREDICTOR_DIR = "expert_predictor"
+"""Where ``python -m sgl_moe.prediction.train`` saves a model's predictor (kept equal to
+``sgl_moe.prediction.bundle``'s name by a test; not imported here, that module needs torch)."""
+
+
+def check_predictor_bundle(model_path: str | None) -> None:
+    """Expert prediction needs the model's trained bundle (default vectors, estimator): refuse early, in one line."""
+    if model_path is None or not Path(model_path).is_dir():
+        return  # a hub id: the worker looks for the bundle in its snapshot and says so if absent
+    if not (Path(model_path) / PREDICTOR_DIR).is_dir():
+        raise LaunchError(f"--moe-expert-offload predicts the next layer's experts from {model_path}/{PREDICTOR_DIR}, "
+                          f"which does not exist; train it with `python -m sgl_moe.prediction.train --model "
+                          f"{model_path}`, or use --moe-execution on_demand (no prediction)")
+
+
 def export_runtime(argv: list[str], moe: MoeArgs, cpu_engine: bool) -> str | None:
     """Check the patch flags against the SGLang flags and hand the patches their configuration (through the
     environment SGLang's processes inherit). Returns the calibration directory (None without streaming)."""
@@ -229,21 +244,28 @@ def export_runtime(argv: list[str], moe: MoeArgs, cpu_engine: bool) -> str | Non
 
     if not moe.streaming:
         return None
+    what = "--moe-expert-offload" if moe.expert_offload else f"--moe-weight-streaming {moe.weight_streaming}"
     if not cpu_engine and not _has_flag(argv, "--disable-cuda-graph"):
-        raise LaunchError(f"--moe-weight-streaming {moe.weight_streaming} swaps expert buffers per layer, which "
-                          "CUDA graphs would freeze at capture time; add --disable-cuda-graph")
+        raise LaunchError(f"{what} swaps expert buffers per layer (and reads the routed expert ids on the host), "
+                          "which CUDA graphs would freeze at capture time; add --disable-cuda-graph")
     for flag in ("--ep-size", "--expert-parallel-size"):
         value = _flag_value(argv, flag)
         if value is not None and value != "1":
-            raise LaunchError(f"--moe-weight-streaming {moe.weight_streaming} streams every expert of a layer to "
-                              f"each rank; it cannot be combined with {flag} {value}")
+            raise LaunchError(f"{what} keeps every expert of a layer reachable from each rank; it cannot be "
+                              f"combined with {flag} {value}")
     if _has_flag(argv, "--enable-two-batch-overlap"):
-        raise LaunchError("--moe-weight-streaming cannot be combined with --enable-two-batch-overlap")
+        raise LaunchError(f"{what} cannot be combined with --enable-two-batch-overlap")
+    if moe.expert_offload and moe.execution != "on_demand":
+        check_predictor_bundle(_flag_value(argv, "--model-path", "--model"))
     profile_dir = tempfile.mkdtemp(prefix="sgl_moe-calibration-")
-    RuntimeConfig(weight_streaming=moe.weight_streaming, stream_window=moe.stream_window,
-                  profile_dir=profile_dir).export()
-    logger.info("expert weight streaming: %s, window %d; Θ calibration files in %s", moe.weight_streaming,
+    RuntimeConfig(weight_streaming=moe.stream_mode, stream_window=moe.stream_window,
+                  expert_offload=moe.expert_offload, predictor=moe.predictor, execution=moe.execution,
+                  resident_experts=moe.resident_experts, profile_dir=profile_dir).export()
+    logger.info("expert weight streaming: %s, window %d; Θ calibration files in %s", moe.stream_mode,
                 moe.stream_window, profile_dir)
+    if moe.expert_offload:
+        logger.info("expert offload for decode: predictor %s, execution %s, %d resident experts per layer",
+                    moe.predictor, moe.execution, moe.resident_experts)
     return profile_dir
 
 

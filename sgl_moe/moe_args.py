@@ -31,6 +31,23 @@ class MoeArgs:
     """Safety factor α applied to the worker's own Θ (seed 000 Eq. 1 and 3; not to a manual --moe-saturation-flops)."""
     calibration_timeout_s: float = 600.0
     """How long the worker waits for its profile forward before keeping the fallback Θ (and saying so)."""
+    expert_offload: bool = False
+    """CPU expert offload for decode (seed 003): experts live in (pinned) host memory; each decode step copies
+    only the experts a layer needs into a double buffer, prefetching layer l+1's predicted experts while layer
+    l computes. Forwards with many tokens (prefill: tokens x top-k >= experts) stream whole layers instead
+    (--moe-weight-streaming host, turned on by this flag). Needs the model's expert_predictor bundle
+    (python -m sgl_moe.prediction.train --model DIR)."""
+    predictor: Literal["router", "estimator", "hybrid"] = "hybrid"
+    """Next-layer expert prediction: router (layer l+1's gate on the quasi-hidden state), estimator (the
+    trained estimator everywhere), hybrid (the estimator only on the layers where the router is weak)."""
+    execution: Literal["exact", "speculative", "on_demand"] = "exact"
+    """exact: run the true experts (same output as SGLang), fetch mispredicted ones after routing.
+    speculative: run the predicted experts with the predicted weights (no fetch after routing; the output
+    changes, see the README's quality table). on_demand: no prediction, copy the routed experts after routing
+    (the baseline)."""
+    resident_experts: int = 0
+    """Experts per MoE layer kept on the device permanently (the most frequently routed ones, from the
+    predictor bundle's activation counts); they are never copied from the host."""
 
     def validate(self) -> None:
         if self.saturation_flops is not None and not self.saturation_flops > 0:
@@ -44,12 +61,19 @@ class MoeArgs:
                 f"--moe-weight-streaming {self.weight_streaming} gathers expert shards from peer GPUs; this version "
                 "runs it in the standalone engine only (python -m sgl_moe.streaming.selfcheck / .bench), not inside "
                 "SGLang (it needs attention data parallelism with per-rank expert shards). Use host, or off.")
+        if self.resident_experts < 0:
+            raise MoeArgsError(f"--moe-resident-experts must be >= 0, got {self.resident_experts}")
         if not self.calibration_timeout_s > 0:
             raise MoeArgsError(f"--moe-calibration-timeout-s must be positive, got {self.calibration_timeout_s}")
 
     @property
     def streaming(self) -> bool:
-        return self.weight_streaming != "off"
+        """Whole-layer streaming runs: asked for, or implied by expert offload (its prefill path)."""
+        return self.weight_streaming != "off" or self.expert_offload
+
+    @property
+    def stream_mode(self) -> str:
+        return "host" if self.expert_offload and self.weight_streaming == "off" else self.weight_streaming
 
     @staticmethod
     def add_cli_args(parser: argparse.ArgumentParser) -> None:

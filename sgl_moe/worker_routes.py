@@ -50,6 +50,23 @@ def _theta_source(moe: MoeArgs, profile_dir: str | None, base_url: str, shape) -
     return calibrator.current
 
 
+OFFLOAD_STATS_FILE = "offload.json"
+"""Written by the scheduler's offload patch (``patches/expert_offload.py`` STATS_FILE) at most once a second."""
+
+
+def _offload_counts(moe: MoeArgs, profile_dir: str | None) -> dict[str, Any]:
+    """The offload settings and the scheduler's latest counts (hits, misses, bytes moved), if any yet."""
+    out: dict[str, Any] = {"predictor": moe.predictor, "execution": moe.execution,
+                           "resident_experts": moe.resident_experts}
+    path = Path(profile_dir) / OFFLOAD_STATS_FILE if profile_dir else None
+    if path is not None and path.is_file():
+        try:
+            out["counts"] = json.loads(path.read_text())
+        except (OSError, ValueError):
+            pass  # mid-replace or gone: the next request reads it
+    return out
+
+
 def install_routes(server_args, moe: MoeArgs, device: str, profile_dir: str | None = None) -> None:
     """Register the routes; the info payload is built on first request, after SGLang resolved its args.
 
@@ -98,7 +115,10 @@ def install_routes(server_args, moe: MoeArgs, device: str, profile_dir: str | No
         return current
 
     async def get_info() -> JSONResponse:
-        return JSONResponse(info())
+        payload = info()
+        if moe.expert_offload:
+            payload = {**payload, "offload": _offload_counts(moe, profile_dir)}
+        return JSONResponse(payload)
 
     def tokenizer_file(name: str):
         async def get_file():

@@ -54,6 +54,10 @@ def test_port_in_use():
     (["--moe-weight-streaming", "disk"], "invalid choice: 'disk'"),
     (["--moe-weight-streaming", "host", "--moe-stream-window", "0"], "--moe-stream-window must be at least 1"),
     (["--moe-weight-streaming", "host", "--ep-size", "2"], "cannot be combined with --ep-size 2"),
+    (["--moe-expert-offload", "--moe-execution", "lazy"], "invalid choice: 'lazy'"),
+    (["--moe-expert-offload", "--moe-predictor", "oracle"], "invalid choice: 'oracle'"),
+    (["--moe-expert-offload", "--moe-resident-experts", "-1"], "--moe-resident-experts must be >= 0"),
+    (["--moe-expert-offload", "--enable-two-batch-overlap"], "cannot be combined with --enable-two-batch-overlap"),
     # SGLang's own check, made while it resolves arguments: one line, not a traceback from run_server.
     (["--prefill-only-disable-kv-cache"], "requires --is-embedding"),
 ])
@@ -124,6 +128,39 @@ def test_streaming_on_a_gpu_refuses_cuda_graphs(monkeypatch):
     import os
 
     assert json.loads(os.environ[ENV_VAR]) == {"weight_streaming": "host", "stream_window": 3,
+                                               "expert_offload": False, "predictor": "hybrid",
+                                               "execution": "exact", "resident_experts": 0,
                                                "profile_dir": profile_dir}
     monkeypatch.delenv(ENV_VAR)
     assert export_runtime([], MoeArgs(), cpu_engine=True) is None and ENV_VAR not in os.environ
+
+
+def test_offload_without_a_predictor_bundle_is_refused_in_one_line(tmp_path):
+    import shutil
+
+    model = tmp_path / "model"
+    shutil.copytree(DEFAULT_MODEL_DIR, model, ignore=shutil.ignore_patterns("expert_predictor"))
+    _one_line_error(_launch("--model-path", str(model), "--moe-expert-offload"),
+                    "python -m sgl_moe.prediction.train --model")
+
+
+def test_offload_implies_host_streaming_for_prefill(monkeypatch):
+    from sgl_moe.launch_server import export_runtime
+    from sgl_moe.moe_args import MoeArgs
+    from sgl_moe.patches.runtime_env import ENV_VAR, RuntimeConfig
+
+    monkeypatch.delenv(ENV_VAR, raising=False)
+    with pytest.raises(LaunchError, match="--moe-expert-offload .*--disable-cuda-graph"):
+        export_runtime([], MoeArgs(expert_offload=True), cpu_engine=False)
+    export_runtime(["--model-path", str(DEFAULT_MODEL_DIR)],
+                   MoeArgs(expert_offload=True, execution="speculative", resident_experts=3), cpu_engine=True)
+    cfg = RuntimeConfig.from_env()
+    assert cfg.weight_streaming == "host" and cfg.expert_offload and cfg.execution == "speculative"
+    assert cfg.resident_experts == 3 and cfg.predictor == "hybrid"
+
+
+def test_the_launcher_looks_for_the_bundle_where_training_saves_it():
+    from sgl_moe.launch_server import PREDICTOR_DIR
+    from sgl_moe.prediction import bundle
+
+    assert bundle.find_bundle(DEFAULT_MODEL_DIR) == DEFAULT_MODEL_DIR / PREDICTOR_DIR

@@ -33,6 +33,26 @@ def test_host_streaming_registers_the_two_hooks():
     assert "FusedMoE.run_moe_core" in hooks and "ModelRunner.load_model" in hooks
 
 
+def test_expert_offload_registers_its_own_hooks_in_place_of_streamings():
+    code_env = RuntimeConfig(weight_streaming="host", expert_offload=True).to_env()
+    hooks = _registered_hooks(code_env)
+    assert "FusedMoE.run_moe_core" in hooks and "ModelRunner.load_model" in hooks
+    assert "expert_offload" in _hook_owner(code_env)
+
+
+def _hook_owner(env_value: str) -> str:
+    import os
+
+    code = ("from sglang.srt.plugins.hook_registry import HookRegistry\n"
+            "from sgl_moe.patches import plugin\n"
+            "plugin.register()\n"
+            "print(sorted(h.__module__ for hs in HookRegistry._hooks.values() for _, h, _ in hs))\n")
+    env = {**os.environ, ENV_VAR: env_value}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    return out.stdout.strip().splitlines()[-1]
+
+
 def test_the_plugin_is_registered_under_sglangs_entry_point_group():
     from importlib.metadata import entry_points
 

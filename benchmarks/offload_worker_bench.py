@@ -1,0 +1,99 @@
+"""Expert offload inside SGLang against unpatched SGLang, side by side on one machine (decode).
+
+    .venv/bin/python benchmarks/offload_worker_bench.py --plain URL --worker exact=URL --worker speculative=URL
+
+Every worker serves the same model; start the others with ``--moe-expert-offload --moe-execution {exact,
+speculative,on_demand}``. Prompts are held-out windows of the shipped model's corpus (real text, so expert
+prediction sees the distribution it was trained for). For each prompt and worker, in alternating order, one
+request at a time: time to first token (``max_new_tokens`` 1) and the time of a greedy ``--new-tokens``
+continuation; TPOT = (t_N − t_1) / (N − 1). Reports median TPOT and its ratio to plain, how many greedy tokens
+equal plain's (and the mean position of the first difference), and the worker's offload counts from
+``/sgl_moe/info`` (hits, misses after layer 0, experts copied, bytes moved). On a CPU the host store and the
+"device" buffer are both RAM: the timing is the engine's overhead, the counts are what carries to a GPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+
+import httpx
+
+
+def _generate(client: httpx.Client, url: str, text: str, new_tokens: int) -> tuple[float, list[int]]:
+    t0 = time.perf_counter()
+    r = client.post(f"{url}/generate", json={"text": text, "sampling_params": {
+        "max_new_tokens": new_tokens, "temperature": 0, "ignore_eos": True}})
+    r.raise_for_status()
+    return time.perf_counter() - t0, r.json()["output_ids"]
+
+
+def _prompts(n: int, chars: int) -> list[str]:
+    from sgl_moe.training.corpus import load_corpus
+
+    docs = load_corpus().heldout
+    out = []
+    for doc in docs:
+        for start in range(0, max(1, len(doc) - chars), chars * 3):
+            out.append(doc[start:start + chars])
+            if len(out) == n:
+                return out
+    return out
+
+
+def _offload_counts(client: httpx.Client, url: str) -> dict:
+    info = client.get(f"{url}/sgl_moe/info").json()
+    return info.get("offload", {}).get("counts", {})
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--plain", required=True)
+    p.add_argument("--worker", action="append", default=[], metavar="NAME=URL")
+    p.add_argument("--prompts", type=int, default=12)
+    p.add_argument("--chars", type=int, default=600)
+    p.add_argument("--new-tokens", type=int, default=32)
+    args = p.parse_args(argv)
+    workers = {"plain": args.plain} | dict(w.split("=", 1) for w in args.worker)
+    prompts = _prompts(args.prompts, args.chars)
+    tpot: dict[str, list[float]] = {n: [] for n in workers}
+    same: dict[str, list[int]] = {n: [] for n in workers}
+    first_diff: dict[str, list[int]] = {n: [] for n in workers}
+    with httpx.Client(timeout=600) as client:
+        before = {n: _offload_counts(client, u) for n, u in workers.items() if n != "plain"}
+        for i, text in enumerate(prompts):
+            names = list(workers) if i % 2 else list(reversed(workers))
+            outs = {}
+            for name in names:
+                t1, _ = _generate(client, workers[name], text, 1)
+                tn, ids = _generate(client, workers[name], text, args.new_tokens)
+                outs[name] = ids
+                if i:  # prompt 0 warms up
+                    tpot[name].append((tn - t1) / (args.new_tokens - 1))
+            for name, ids in outs.items():
+                ref = outs["plain"]
+                same[name].append(sum(a == b for a, b in zip(ids, ref)))
+                first_diff[name].append(next((j for j, (a, b) in enumerate(zip(ids, ref)) if a != b), len(ref)))
+            print(f"prompt {i + 1}/{len(prompts)} done", file=sys.stderr, flush=True)
+        after = {n: _offload_counts(client, u) for n, u in workers.items() if n != "plain"}
+    base = statistics.median(tpot["plain"])
+    print(f"{len(prompts) - 1} held-out prompts of {args.chars} chars, {args.new_tokens} greedy tokens each\n")
+    print("| worker | median TPOT ms | / plain | tokens equal to plain | mean first difference at | "
+          "hits | misses after layer 0 | experts copied | MB moved |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    total = args.new_tokens * len(prompts)
+    for name in workers:
+        m = statistics.median(tpot[name])
+        d = {k: after.get(name, {}).get(k, 0) - before.get(name, {}).get(k, 0)
+             for k in ("hits", "misses_after_layer0", "experts_copied", "bytes_moved")}
+        counts = (f"{d['hits']} | {d['misses_after_layer0']} | {d['experts_copied']} | {d['bytes_moved'] / 1e6:.1f}"
+                  if name != "plain" else "- | - | - | -")
+        print(f"| {name} | {m * 1e3:.2f} | {m / base:.3f} | {sum(same[name])}/{total} | "
+              f"{statistics.mean(first_diff[name]):.1f} | {counts} |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
