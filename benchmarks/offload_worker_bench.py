@@ -79,7 +79,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"prompt {i + 1}/{len(prompts)} done", file=sys.stderr, flush=True)
         after = {n: _offload_counts(client, u) for n, u in workers.items() if n != "plain"}
     base = statistics.median(tpot["plain"])
-    print(f"{len(prompts) - 1} held-out prompts of {args.chars} chars, {args.new_tokens} greedy tokens each\n")
+    print(f"{len(prompts)} held-out prompts of {args.chars} chars, {args.new_tokens} greedy tokens each (TPOT over "
+          f"the last {len(prompts) - 1}: the first warms up); counts are differences of /sgl_moe/info over the run\n")
     print("| worker | median TPOT ms | / plain | tokens equal to plain | mean first difference at | "
           "hits | misses after layer 0 | experts copied | MB moved |")
     print("|---|---|---|---|---|---|---|---|---|")
