@@ -200,8 +200,12 @@ def install(model_runner, cfg: RuntimeConfig) -> OffloadedExperts:
     bundle = PredictorBundle.load(bundle_dir) if bundle_dir is not None else None
     predictor = None
     if cfg.execution != "on_demand":
-        renormalize = bool(getattr(first.moe_runner_config, "renormalize", True)) if hasattr(
-            first, "moe_runner_config") else True
+        topk_config = getattr(getattr(blocks[0][1], "topk", None), "topk_config", None)
+        if topk_config is not None and (topk_config.use_grouped_topk or topk_config.custom_routing_function
+                                        or topk_config.correction_bias is not None):
+            raise OffloadPatchError("--moe-expert-offload predicts plain softmax top-k routing; this model's "
+                                    "router is grouped, biased or custom (use --moe-execution on_demand)")
+        renormalize = bool(getattr(topk_config, "renormalize", True))
         predictor = _predictor(bundle, blocks, cfg.predictor, top_k, renormalize, model_path)
     resident = None
     if cfg.resident_experts:
