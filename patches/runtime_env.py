@@ -22,6 +22,8 @@ class RuntimeConfig:
     predictor: str = "hybrid"
     execution: str = "exact"
     resident_experts: int = 0
+    dual_batch: str = "off"
+    dual_batch_always: bool = False
     profile_dir: str | None = None
     """Where the calibration handshake happens: the HTTP process writes ``request.json`` (minimum tokens of the
     profile forward); the scheduler writes ``profile.json`` (per-layer timings of that forward)."""

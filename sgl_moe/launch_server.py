@@ -237,11 +237,35 @@ def check_predictor_bundle(model_path: str | None) -> None:
                           f"{model_path}`, or use --moe-execution on_demand (no prediction)")
 
 
+def export_dual_batch(argv: list[str], moe: MoeArgs, cpu_engine: bool) -> None:
+    """``--moe-dual-batch``: refuse what cannot work, then hand the patch its configuration."""
+    from sgl_moe.patches.runtime_env import RuntimeConfig
+
+    backend = _flag_value(argv, "--attention-backend")
+    if not (backend == "torch_native" or (backend is None and cpu_engine)):
+        raise LaunchError(f"--moe-dual-batch {moe.dual_batch} runs attention per micro-batch, which this version "
+                          f"does with backends that keep no per-batch plan: torch_native (the CPU path); "
+                          f"{backend or 'the GPU default backend'} would need one child backend per micro-batch")
+    for flag, bad in (("--tp-size", "1"), ("--pp-size", "1"), ("--dp-size", "1")):
+        value = _flag_value(argv, flag)
+        if value is not None and value != bad:
+            raise LaunchError(f"--moe-dual-batch {moe.dual_batch} runs on one rank; it cannot be combined with "
+                              f"{flag} {value}")
+    if _has_flag(argv, "--enable-two-batch-overlap"):
+        raise LaunchError("--moe-dual-batch is the project's own two-micro-batch overlap (no all-to-all backend "
+                          "needed); do not combine it with SGLang's --enable-two-batch-overlap")
+    RuntimeConfig(dual_batch=moe.dual_batch, dual_batch_always=moe.dual_batch_always).export()
+    logger.info("dual micro-batch attention-MoE overlap: %s (decode forwards of >= 2 sequences)", moe.dual_batch)
+    return None
+
+
 def export_runtime(argv: list[str], moe: MoeArgs, cpu_engine: bool) -> str | None:
     """Check the patch flags against the SGLang flags and hand the patches their configuration (through the
     environment SGLang's processes inherit). Returns the calibration directory (None without streaming)."""
     from sgl_moe.patches.runtime_env import RuntimeConfig
 
+    if moe.dual_batch != "off" and not moe.streaming:
+        return export_dual_batch(argv, moe, cpu_engine)
     if not moe.streaming:
         return None
     what = "--moe-expert-offload" if moe.expert_offload else f"--moe-weight-streaming {moe.weight_streaming}"

@@ -49,6 +49,15 @@ class MoeArgs:
     """Experts per MoE layer kept on the device permanently (the most frequently routed ones, from the
     predictor bundle's activation counts); they are never copied from the host."""
 
+    dual_batch: Literal["off", "streams", "cpu-experts"] = "off"
+    """Dual micro-batch attention–MoE overlap for decode (seed 004 §3.3.1): split a decode batch in two by
+    measured cost and run one micro-batch's attention while the other's experts run. streams: both on the
+    device on two streams; cpu-experts: routed experts on the CPU (host weights) while the device does
+    attention. Needs SGLang's torch-native attention backend (per-call metadata) in this version."""
+
+    dual_batch_always: bool = False
+    """Split every eligible decode forward, even where the solver predicts no gain (to test and to measure)."""
+
     def validate(self) -> None:
         if self.saturation_flops is not None and not self.saturation_flops > 0:
             raise MoeArgsError(f"--moe-saturation-flops must be positive, got {self.saturation_flops}")
@@ -61,6 +70,9 @@ class MoeArgs:
                 f"--moe-weight-streaming {self.weight_streaming} gathers expert shards from peer GPUs; this version "
                 "runs it in the standalone engine only (python -m sgl_moe.streaming.selfcheck / .bench), not inside "
                 "SGLang (it needs attention data parallelism with per-rank expert shards). Use host, or off.")
+        if self.dual_batch != "off" and (self.weight_streaming != "off" or self.expert_offload):
+            raise MoeArgsError("--moe-dual-batch cannot be combined with --moe-weight-streaming or "
+                               "--moe-expert-offload yet (both own the MoE layer's weights during a forward)")
         if self.resident_experts < 0:
             raise MoeArgsError(f"--moe-resident-experts must be >= 0, got {self.resident_experts}")
         if not self.calibration_timeout_s > 0:

@@ -58,6 +58,10 @@ def test_port_in_use():
     (["--moe-expert-offload", "--moe-predictor", "oracle"], "invalid choice: 'oracle'"),
     (["--moe-expert-offload", "--moe-resident-experts", "-1"], "--moe-resident-experts must be >= 0"),
     (["--moe-expert-offload", "--enable-two-batch-overlap"], "cannot be combined with --enable-two-batch-overlap"),
+    (["--moe-dual-batch", "gpu"], "invalid choice: 'gpu'"),
+    (["--moe-dual-batch", "streams", "--moe-expert-offload"], "cannot be combined with --moe-weight-streaming"),
+    (["--moe-dual-batch", "streams", "--tp-size", "2"], "cannot be combined with --tp-size 2"),
+    (["--moe-dual-batch", "streams", "--enable-two-batch-overlap"], "no all-to-all backend"),
     # SGLang's own check, made while it resolves arguments: one line, not a traceback from run_server.
     (["--prefill-only-disable-kv-cache"], "requires --is-embedding"),
 ])
@@ -130,6 +134,7 @@ def test_streaming_on_a_gpu_refuses_cuda_graphs(monkeypatch):
     assert json.loads(os.environ[ENV_VAR]) == {"weight_streaming": "host", "stream_window": 3,
                                                "expert_offload": False, "predictor": "hybrid",
                                                "execution": "exact", "resident_experts": 0,
+                                               "dual_batch": "off", "dual_batch_always": False,
                                                "profile_dir": profile_dir}
     monkeypatch.delenv(ENV_VAR)
     assert export_runtime([], MoeArgs(), cpu_engine=True) is None and ENV_VAR not in os.environ
@@ -164,3 +169,16 @@ def test_the_launcher_looks_for_the_bundle_where_training_saves_it():
     from sgl_moe.prediction import bundle
 
     assert bundle.find_bundle(DEFAULT_MODEL_DIR) == DEFAULT_MODEL_DIR / PREDICTOR_DIR
+
+
+def test_dual_batch_refuses_attention_backends_that_plan_per_batch(monkeypatch):
+    from sgl_moe.launch_server import export_runtime
+    from sgl_moe.moe_args import MoeArgs
+    from sgl_moe.patches.runtime_env import ENV_VAR, RuntimeConfig
+
+    monkeypatch.delenv(ENV_VAR, raising=False)
+    for argv in ([], ["--attention-backend", "flashinfer"]):  # a GPU's default backend, or a named one
+        with pytest.raises(LaunchError, match="one child backend per micro-batch"):
+            export_runtime(argv, MoeArgs(dual_batch="streams"), cpu_engine=False)
+    export_runtime(["--attention-backend", "torch_native"], MoeArgs(dual_batch="streams"), cpu_engine=False)
+    assert RuntimeConfig.from_env().dual_batch == "streams"

@@ -40,6 +40,14 @@ def test_expert_offload_registers_its_own_hooks_in_place_of_streamings():
     assert "expert_offload" in _hook_owner(code_env)
 
 
+def test_dual_batch_registers_the_model_forward_hook():
+    env = RuntimeConfig(dual_batch="cpu-experts").to_env()
+    hooks = _registered_hooks(env)
+    assert "Qwen2MoeModel.forward" in hooks and "ModelRunner.load_model" in hooks
+    assert "FusedMoE.run_moe_core" not in hooks  # streaming/offload are off
+    assert set(_hook_owner(env).strip("[]").replace("'", "").split(", ")) == {"sgl_moe.patches.dual_batch"}
+
+
 def _hook_owner(env_value: str) -> str:
     import os
 

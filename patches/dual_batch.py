@@ -1,0 +1,215 @@
+"""SGLang adapter for dual micro-batch attention–MoE overlap (``--moe-dual-batch``): hooks only.
+
+The engine (``sgl_moe.overlap``: split, solver, ``DualBatchRunner``) is plain torch. Here, around the MoE
+model's forward (``Qwen2MoeModel.forward``, which Qwen3-MoE inherits), a *decode* forward of at least two
+sequences is run by the runner over ``SGLangDecodeLayers``: SGLang's own modules (input norm, attention with
+SGLang's KV cache, post-attention norm, gate) on each micro-batch's rows, and the routed experts from the
+FusedMoE weights, with the split and order from the solver. Everything else (prefill, one sequence, a plan
+that says overlap does not pay) runs SGLang's forward untouched.
+
+Attention of a micro-batch needs that micro-batch's attention metadata. SGLang's torch-native backend
+(the CPU path) keeps none between calls: it reads the request indices, sequence lengths and cache locations
+from the forward batch, so a shallow copy with those rows sliced serves one micro-batch. Backends that plan
+per batch (flashinfer, FA3, triton) would need one child backend per micro-batch (what SGLang's own TBO
+builds); the launcher refuses them for now.
+
+Costs are measured, not assumed: the first ``CALIBRATION_FORWARDS`` eligible forwards run SGLang's path and
+time layer 0's attention and experts alone on the batch (samples for ``CostModel.fit``); then the solver
+plans every new batch shape (cached by shape).
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import time
+from dataclasses import dataclass
+
+import torch
+
+from sgl_moe.overlap.costs import CostModel, Sample
+from sgl_moe.overlap.engine import DualBatchRunner, LayerOps
+from sgl_moe.overlap.solver import Plan, Solver
+from sgl_moe.patches.runtime_env import RuntimeConfig
+from sgl_moe.streaming.expert_store import LayerWeights
+from sgl_moe.streaming.moe_math import experts_forward, route
+
+log = logging.getLogger("sgl_moe.patches.dual_batch")
+
+LOAD_MODEL = "sglang.srt.model_executor.model_runner.ModelRunner.load_model"
+MODEL_FORWARD = "sglang.srt.models.qwen2_moe.Qwen2MoeModel.forward"
+CALIBRATION_FORWARDS = 6
+
+_SLICED = ("input_ids", "positions", "req_pool_indices", "seq_lens", "seq_lens_cpu", "out_cache_loc")
+
+
+class DualBatchPatchError(RuntimeError):
+    """The loaded model cannot run dual micro-batches (layout, attention backend...)."""
+
+
+@dataclass(frozen=True)
+class _Shape:
+    layers: int
+    hidden: int
+    top_k: int
+
+
+class SGLangDecodeLayers(LayerOps):
+    """The runner's view of an SGLang Qwen2/3-MoE decoder stack during one decode forward."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        super().__init__()
+        self.model = model
+        self.layers = list(model.layers)
+        first = self.layers[0].mlp
+        self.cfg = _Shape(len(self.layers), int(model.config.hidden_size), int(first.topk.topk_config.top_k))
+        self.renormalize = bool(first.topk.topk_config.renormalize)
+        self.device = first.experts.w13_weight.device
+        self.dense = self.layers
+        self._host_experts = [LayerWeights(l.mlp.experts.w13_weight.data, l.mlp.experts.w2_weight.data)
+                              for l in self.layers]
+        self.forward_batch = None
+        self.positions: torch.Tensor | None = None
+        self._subs: dict[tuple[int, int], object] = {}
+
+    def bind(self, forward_batch, positions: torch.Tensor) -> None:
+        self.forward_batch, self.positions, self._subs = forward_batch, positions, {}
+
+    def _sub(self, rows: slice):
+        """A shallow copy of the forward batch holding only ``rows`` (decode: one token per sequence)."""
+        key = (rows.start, rows.stop)
+        if key not in self._subs:
+            fb = self.forward_batch
+            sub = copy.copy(fb)
+            for name in _SLICED:
+                value = getattr(fb, name, None)
+                if value is not None:
+                    setattr(sub, name, value[rows])
+            sub.batch_size = rows.stop - rows.start
+            if getattr(fb, "seq_lens_sum", None) is not None and fb.seq_lens_cpu is not None:
+                sub.seq_lens_sum = int(sub.seq_lens_cpu.sum())
+            self._subs[key] = sub
+        return self._subs[key]
+
+    def attend(self, layer: int, x: torch.Tensor, rows: slice) -> torch.Tensor:
+        block = self.layers[layer]
+        assert self.positions is not None
+        h = block.input_layernorm(x)
+        return x + block.self_attn(positions=self.positions[rows], hidden_states=h, forward_batch=self._sub(rows))
+
+    def route(self, layer: int, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        block = self.layers[layer]
+        h = block.post_attention_layernorm(x)
+        logits, _ = block.mlp.gate(h)
+        weights, ids = route(logits, self.cfg.top_k, self.renormalize)
+        return h, weights, ids
+
+    def work(self, rows: slice) -> tuple[int, int]:
+        seq = self.forward_batch.seq_lens_cpu[rows]
+        return int(seq.numel()), int(seq.sum())
+
+    @property
+    def batch(self) -> int:
+        return int(self.forward_batch.batch_size)
+
+
+class DualBatch:
+    """Per model: the ops, the runner, the measured cost model and the solver."""
+
+    def __init__(self, model: torch.nn.Module, placement: str, always: bool = False) -> None:
+        self.ops = SGLangDecodeLayers(model)
+        self.placement = placement
+        self.always = always
+        self.runner = DualBatchRunner(self.ops, placement)  # type: ignore[arg-type]
+        self.samples: list[Sample] = []
+        self.solver: Solver | None = None
+        self.counts = {"overlapped": 0, "not_overlapped": 0, "calibration": 0}
+
+    @staticmethod
+    def eligible(forward_batch, input_embeds) -> bool:
+        mode = forward_batch.forward_mode
+        return input_embeds is None and mode.is_decode() and int(forward_batch.batch_size) >= 2
+
+    def plan(self) -> Plan:
+        assert self.solver is not None
+        contexts = self.ops.forward_batch.seq_lens_cpu.tolist()
+        solves = self.solver.solves
+        plan = self.solver.plan([1] * len(contexts), contexts)
+        if self.solver.solves != solves:  # a new batch shape: say what was decided and why
+            a, b = plan.split.rows()
+            log.info("dual micro-batch plan for %d sequences (contexts %d..%d): %s; split %d/%d, order %s, "
+                     "predicted %.3f ms vs %.3f ms sequential (bound %.0f%%)%s", len(contexts), min(contexts),
+                     max(contexts), "overlap" if plan.overlap else "no overlap", a.stop - a.start, b.stop - b.start,
+                     plan.order, plan.predicted_makespan * 1e3, plan.predicted_sequential * 1e3, plan.bound * 100,
+                     f": {plan.reason}" if plan.reason else "")
+        return plan
+
+    def calibrate(self, x: torch.Tensor) -> None:
+        """Time layer 0's attention and experts on this batch, alone (the forward itself runs SGLang's path)."""
+        rows = slice(0, x.shape[0])
+        tokens, nc = self.ops.work(rows)
+        t0 = time.perf_counter()
+        a = self.ops.attend(0, x, rows)
+        t1 = time.perf_counter()
+        h, w, ids = self.ops.route(0, a)
+        t2 = time.perf_counter()
+        experts_forward(h, w, ids, self.runner.weights[0])
+        t3 = time.perf_counter()
+        self.samples += [Sample("attention", tokens, nc, (t1 - t0) + (t2 - t1)), Sample("moe", tokens, 0, t3 - t2)]
+        self.counts["calibration"] += 1
+        if self.counts["calibration"] >= CALIBRATION_FORWARDS:
+            model = CostModel.fit(self.samples)
+            self.solver = Solver(model, self.ops.cfg.layers, self.placement,  # type: ignore[arg-type]
+                                 force_overlap=self.always)
+            log.info("dual micro-batch (%s): cost model from %d forwards: %s", self.placement,
+                     self.counts["calibration"], model)
+
+    def forward(self, model, input_ids, positions, forward_batch) -> torch.Tensor | None:
+        """The decode forward through the runner, or None to let SGLang run it (calibration, no gain)."""
+        self.ops.bind(forward_batch, positions)
+        if self.solver is None:
+            # The calibration's attention writes this step's K/V into SGLang's cache, which SGLang's own
+            # forward then writes again with the same values: harmless, and done a handful of times.
+            self.calibrate(model.embed_tokens(input_ids))
+            return None
+        plan = self.plan()
+        if not plan.overlap:
+            self.counts["not_overlapped"] += 1
+            return None
+        self.counts["overlapped"] += 1
+        x = model.embed_tokens(input_ids)
+        out = self.runner.run(x, plan)
+        return model.norm(out)
+
+
+def install(model_runner, cfg: RuntimeConfig) -> DualBatch:
+    model = getattr(model_runner.model, "model", None)
+    layers = getattr(model, "layers", None)
+    if layers is None or not all(hasattr(getattr(l, "mlp", None), "experts") for l in layers):
+        raise DualBatchPatchError("--moe-dual-batch supports Qwen2/3-MoE decoder stacks with an MoE block in "
+                                  "every layer")
+    existing = getattr(model, "_sgl_moe_dual", None)
+    if existing is not None:
+        return existing
+    dual = DualBatch(model, cfg.dual_batch, cfg.dual_batch_always)
+    model._sgl_moe_dual = dual
+    log.info("dual micro-batch attention-MoE overlap (%s): %d layers; decode forwards of >= 2 sequences, "
+             "after %d calibration forwards", cfg.dual_batch, len(layers), CALIBRATION_FORWARDS)
+    return dual
+
+
+def around_model_forward(original, model, input_ids, positions, forward_batch, input_embeds=None, *args, **kwargs):
+    dual = getattr(model, "_sgl_moe_dual", None)
+    if dual is not None and not args and not kwargs.get("pp_proxy_tensors") and dual.eligible(forward_batch,
+                                                                                                 input_embeds):
+        out = dual.forward(model, input_ids, positions, forward_batch)
+        if out is not None:
+            return out
+    return original(model, input_ids, positions, forward_batch, input_embeds, *args, **kwargs)
+
+
+def after_load_model(result, model_runner, *args, **kwargs):
+    cfg = RuntimeConfig.from_env()
+    if cfg is not None and cfg.dual_batch != "off":
+        install(model_runner, cfg)
+    return result
