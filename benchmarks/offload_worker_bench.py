@@ -82,15 +82,16 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{len(prompts)} held-out prompts of {args.chars} chars, {args.new_tokens} greedy tokens each (TPOT over "
           f"the last {len(prompts) - 1}: the first warms up); counts are differences of /sgl_moe/info over the run\n")
     print("| worker | median TPOT ms | / plain | tokens equal to plain | mean first difference at | "
-          "hits | misses after layer 0 | experts copied | MB moved |")
-    print("|---|---|---|---|---|---|---|---|---|")
+          "decode hits / misses, layers >= 1 | experts copied | MB moved |")
+    print("|---|---|---|---|---|---|---|---|")
     total = args.new_tokens * len(prompts)
     for name in workers:
         m = statistics.median(tpot[name])
         d = {k: after.get(name, {}).get(k, 0) - before.get(name, {}).get(k, 0)
-             for k in ("hits", "misses_after_layer0", "experts_copied", "bytes_moved")}
-        counts = (f"{d['hits']} | {d['misses_after_layer0']} | {d['experts_copied']} | {d['bytes_moved'] / 1e6:.1f}"
-                  if name != "plain" else "- | - | - | -")
+             for k in ("hits_after_layer0", "misses_after_layer0", "experts_copied", "bytes_moved")}
+        counts = (f"{d['hits_after_layer0']} / {d['misses_after_layer0']} | {d['experts_copied']} | "
+                  f"{d['bytes_moved'] / 1e6:.1f}"
+                  if name != "plain" else "- | - | -")
         print(f"| {name} | {m * 1e3:.2f} | {m / base:.3f} | {sum(same[name])}/{total} | "
               f"{statistics.mean(first_diff[name]):.1f} | {counts} |")
     return 0

@@ -12,8 +12,9 @@ them into SGLang's MoE layers:
   computes. A forward with many tokens (prefill) goes to the streaming patch (whole layers).
 
 Execution ``exact`` runs the router's experts (SGLang's output); ``speculative`` runs the predicted experts with
-the predicted weights from layer 1 on (layer 0 has no prediction); ``on_demand`` copies the routed experts
-after routing (no prediction: the baseline).
+the predicted weights from layer 1 on (layer 0 has no prediction) in decode steps only — a prefill, short or
+long, always runs its true experts, so prompt logprobs and the first token are SGLang's; ``on_demand`` copies
+the routed experts after routing (no prediction: the baseline).
 """
 
 from __future__ import annotations
@@ -81,14 +82,20 @@ class OffloadedExperts:
         self._decode = False
         self._residual: dict[int, torch.Tensor] = {}
         self._predicted: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
-        self._counts = {"decode_forwards": 0, "stream_forwards": 0, "misses_after_layer0": 0}
+        self._counts = {"decode_forwards": 0, "stream_forwards": 0, "hits_after_layer0": 0, "misses_after_layer0": 0}
+        """Forwards by path; hits and misses of layers >= 1 in decode steps (the live prediction hit rate)."""
         self._written = 0.0
+        self._warned = False
+        self._decode_mode = False
 
     def is_decode(self, tokens: int) -> bool:
         """Few tokens: per-expert copies pay; many (tokens x k >= E, nearly every expert active): whole layers."""
         return 0 < tokens and tokens * self.top_k < self.num_experts
 
     def remember_residual(self, index: int, forward_batch) -> None:
+        if index == 0:  # speculation is for decode steps; a short prefill runs its true experts
+            mode = getattr(forward_batch, "forward_mode", None)
+            self._decode_mode = mode is not None and mode.is_decode()
         stream = getattr(forward_batch, "residual_stream", None)
         residual = getattr(stream, "residual", None)
         if residual is not None and getattr(stream, "pending", None) is None:
@@ -109,22 +116,28 @@ class OffloadedExperts:
                     self._write_stats()
         topk = dispatch.topk_output
         weights, ids = topk.topk_weights, topk.topk_ids
-        if self.execution == "speculative" and index in self._predicted:
+        if self.execution == "speculative" and self._decode_mode and index in self._predicted:
             weights, ids = self._predicted.pop(index)
         residual = self._residual.pop(index, None)
         predicted = None
-        if self.predictor is not None and index < self.last:
-            if residual is None:
-                raise OffloadPatchError(f"layer {index}: no post-attention residual was captured for prediction")
+        if self.predictor is not None and index < self.last and residual is None:
+            # SGLang left the residual pending (e.g. a reduction still owed under tensor parallelism): nothing
+            # to predict from. Layer l+1 then loads what it routes (a miss), in either execution.
+            if not self._warned:
+                log.warning("layer %d: no post-attention residual to predict from; layer %d loads on demand",
+                            index, index + 1)
+                self._warned = True
+        elif self.predictor is not None and index < self.last:
             # d_l uses layer l's own routing (its router always runs; seed 003 Algorithm 1, line 7). The ids go
             # to the host before acquire: after it the compute stream waits on the copy, and a read would block.
             p_weights, p_ids = self.predictor.predict(index, residual, topk.topk_weights, topk.topk_ids)
             predicted = (p_weights, p_ids.cpu())
             self._predicted[index + 1] = (p_weights, p_ids)
-        misses = self.engine.stats.misses
+        misses, hits = self.engine.stats.misses, self.engine.stats.hits
         buffer, slots = self.engine.acquire(index, ids)
-        if index > 0:  # layer 0 has nothing predicted and always loads what it routes
+        if index > 0 and self._decode_mode:  # decode steps; layer 0 has nothing predicted, loads what it routes
             self._counts["misses_after_layer0"] += self.engine.stats.misses - misses
+            self._counts["hits_after_layer0"] += self.engine.stats.hits - hits
         if predicted is not None:
             self.engine.prefetch(index + 1, predicted[1])
         layer.w13_weight.data = buffer.w13

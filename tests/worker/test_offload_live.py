@@ -4,7 +4,8 @@ Reference: the same SGLang, same weights, unpatched. Exact execution runs the ro
 buffer with SGLang's own MoE kernel (expert ids remapped to buffer slots), so the tolerance is the streaming
 patch's: same token ids, logprobs within 1e-5 (fp32 BLAS blocking follows buffer shapes and alignment; observed
 differences are float32 ulps). Speculative execution changes decode outputs by design; its prompt logprobs and
-first token come from the prefill forward, which streams whole layers, so they must still match.
+first token come from the prefill forward, which always runs its true experts (whole layers streamed, or, under
+16 tokens, the per-expert path), so they must still match.
 """
 
 from __future__ import annotations
@@ -87,9 +88,15 @@ def test_speculative_offload_keeps_prefill_exact_and_never_fetches_after_routing
                         _FLAGS + ["--moe-execution", "speculative", "--moe-predictor", "hybrid"])
     try:
         prompts = _prompts(3, seed=5)
+        # A prompt shorter than E/k = 16 tokens, alone: its prefill takes the per-expert path, and must still
+        # run its true experts (speculation is for decode steps only).
+        short = [17, 250, 1033, 77, 9, 4000, 12, 512, 64]
+        alone_s, alone_r = _generate(proc.url, short), _generate(worker.url, short)
+        assert alone_s[0][0] == alone_r[0][0]
+        assert max(abs(a - b) for a, b in zip(alone_s[1], alone_r[1])) < 1e-5
         got, ref = _batch(proc.url, prompts), _batch(worker.url, prompts)
         for (ids_s, prompt_s, _), (ids_r, prompt_r, _) in zip(got, ref):
-            assert ids_s[0] == ids_r[0]  # the first token comes from the (streamed, exact) prefill
+            assert ids_s[0] == ids_r[0]  # the first token comes from the (exact) prefill
             assert max(abs(a - b) for a, b in zip(prompt_s, prompt_r)) < 1e-5
         import time
 
