@@ -21,9 +21,12 @@ plans every new batch shape (cached by shape).
 from __future__ import annotations
 
 import copy
+import json
 import logging
+import os
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
+from pathlib import Path
 
 import torch
 
@@ -33,6 +36,7 @@ from sgl_moe.overlap.solver import Plan, Solver
 from sgl_moe.patches.runtime_env import RuntimeConfig
 from sgl_moe.streaming.expert_store import LayerWeights
 from sgl_moe.streaming.moe_math import experts_forward, route
+from sgl_moe.worker_routes import DUAL_BATCH_STATS_FILE
 
 log = logging.getLogger("sgl_moe.patches.dual_batch")
 
@@ -57,7 +61,7 @@ class _Shape:
 class SGLangDecodeLayers(LayerOps):
     """The runner's view of an SGLang Qwen2/3-MoE decoder stack during one decode forward."""
 
-    def __init__(self, model: torch.nn.Module) -> None:
+    def __init__(self, model: torch.nn.Module, placement: str = "streams") -> None:
         super().__init__()
         self.model = model
         self.layers = list(model.layers)
@@ -66,8 +70,15 @@ class SGLangDecodeLayers(LayerOps):
         self.renormalize = bool(first.topk.topk_config.renormalize)
         self.device = first.experts.w13_weight.device
         self.dense = self.layers
-        self._host_experts = [LayerWeights(l.mlp.experts.w13_weight.data, l.mlp.experts.w2_weight.data)
+        # The CPU worker reads host weights. On a GPU, cpu-experts keeps a host copy of the experts for the
+        # decode micro-batches; the device copy stays for prefill (no device memory is saved in this version).
+        to_host = placement == "cpu-experts" and self.device.type != "cpu"
+        self._host_experts = [LayerWeights(*(w.data.to("cpu") if to_host else w.data
+                                             for w in (l.mlp.experts.w13_weight, l.mlp.experts.w2_weight)))
                               for l in self.layers]
+        if to_host:
+            gib = sum(w.w13.nbytes + w.w2.nbytes for w in self._host_experts) / 2**30
+            log.info("dual micro-batch (cpu-experts): host copy of the routed experts, %.2f GiB", gib)
         self.forward_batch = None
         self.positions: torch.Tensor | None = None
         self._subs: dict[tuple[int, int], object] = {}
@@ -116,14 +127,36 @@ class SGLangDecodeLayers(LayerOps):
 class DualBatch:
     """Per model: the ops, the runner, the measured cost model and the solver."""
 
-    def __init__(self, model: torch.nn.Module, placement: str, always: bool = False) -> None:
-        self.ops = SGLangDecodeLayers(model)
+    def __init__(self, model: torch.nn.Module, placement: str, always: bool = False,
+                 stats_path: str | None = None) -> None:
+        self.ops = SGLangDecodeLayers(model, placement)
         self.placement = placement
         self.always = always
         self.runner = DualBatchRunner(self.ops, placement)  # type: ignore[arg-type]
         self.samples: list[Sample] = []
         self.solver: Solver | None = None
-        self.counts = {"overlapped": 0, "not_overlapped": 0, "calibration": 0}
+        self.counts = {"overlapped": 0, "not_overlapped": 0, "calibration": 0, "failed": 0}
+        self.disabled = False
+        self.stats_path = stats_path
+        self._written = 0.0
+        self._last_plan: dict | None = None
+
+    def stats(self) -> dict:
+        """Counts of decode forwards by path, the cost model, the solver's work and its latest new plan."""
+        solver = self.solver
+        return {**self.counts, "placement": self.placement, "disabled": self.disabled,
+                "cost_model": asdict(solver.model) if solver is not None else None,
+                "shapes_solved": solver.solves if solver is not None else 0, "last_new_plan": self._last_plan}
+
+    def _write_stats(self, force: bool = False) -> None:
+        """For ``/sgl_moe/info`` (the HTTP process): at most once a second, or now on a first event."""
+        now = time.monotonic()
+        if self.stats_path is None or (not force and now - self._written < 1.0):
+            return
+        self._written = now
+        tmp = f"{self.stats_path}.tmp"
+        Path(tmp).write_text(json.dumps(self.stats()))
+        os.replace(tmp, self.stats_path)
 
     @staticmethod
     def eligible(forward_batch, input_embeds) -> bool:
@@ -137,6 +170,9 @@ class DualBatch:
         plan = self.solver.plan([1] * len(contexts), contexts)
         if self.solver.solves != solves:  # a new batch shape: say what was decided and why
             a, b = plan.split.rows()
+            self._last_plan = {"sequences": len(contexts), "overlap": plan.overlap, "split": [a.stop - a.start,
+                               b.stop - b.start], "order": plan.order, "predicted_ms": plan.predicted_makespan * 1e3,
+                               "predicted_sequential_ms": plan.predicted_sequential * 1e3, "bound": plan.bound}
             log.info("dual micro-batch plan for %d sequences (contexts %d..%d): %s; split %d/%d, order %s, "
                      "predicted %.3f ms vs %.3f ms sequential (bound %.0f%%)%s", len(contexts), min(contexts),
                      max(contexts), "overlap" if plan.overlap else "no overlap", a.stop - a.start, b.stop - b.start,
@@ -148,14 +184,19 @@ class DualBatch:
         """Time layer 0's attention and experts on this batch, alone (the forward itself runs SGLang's path)."""
         rows = slice(0, x.shape[0])
         tokens, nc = self.ops.work(rows)
+        sync = torch.cuda.synchronize if x.device.type == "cuda" else (lambda: None)
+        sync()
         t0 = time.perf_counter()
         a = self.ops.attend(0, x, rows)
-        t1 = time.perf_counter()
         h, w, ids = self.ops.route(0, a)
+        if self.runner.expert_device != x.device:  # cpu-experts on a GPU: the copy is the attention task's
+            h, w, ids = (t.to(self.runner.expert_device) for t in (h, w, ids))
+        sync()
         t2 = time.perf_counter()
         experts_forward(h, w, ids, self.runner.weights[0])
+        sync()
         t3 = time.perf_counter()
-        self.samples += [Sample("attention", tokens, nc, (t1 - t0) + (t2 - t1)), Sample("moe", tokens, 0, t3 - t2)]
+        self.samples += [Sample("attention", tokens, nc, t2 - t0), Sample("moe", tokens, 0, t3 - t2)]
         self.counts["calibration"] += 1
         if self.counts["calibration"] >= CALIBRATION_FORWARDS:
             model = CostModel.fit(self.samples)
@@ -163,6 +204,7 @@ class DualBatch:
                                  force_overlap=self.always)
             log.info("dual micro-batch (%s): cost model from %d forwards: %s", self.placement,
                      self.counts["calibration"], model)
+            self._write_stats(force=True)
 
     def forward(self, model, input_ids, positions, forward_batch) -> torch.Tensor | None:
         """The decode forward through the runner, or None to let SGLang run it (calibration, no gain)."""
@@ -173,12 +215,22 @@ class DualBatch:
             self.calibrate(model.embed_tokens(input_ids))
             return None
         plan = self.plan()
+        key = "overlapped" if plan.overlap else "not_overlapped"
+        self.counts[key] += 1
+        self._write_stats(force=self.counts[key] == 1)
         if not plan.overlap:
-            self.counts["not_overlapped"] += 1
             return None
-        self.counts["overlapped"] += 1
         x = model.embed_tokens(input_ids)
-        out = self.runner.run(x, plan)
+        try:
+            out = self.runner.run(x, plan)
+        except Exception as exc:  # a bug or an unsupported batch: serve it (and the rest) through SGLang's path
+            self.disabled = True
+            self.counts["failed"] += 1
+            self.runner.close()  # drains the lanes: nothing of the failed run is still running
+            log.error("dual micro-batch overlap failed (%r); this worker runs SGLang's forward from now on", exc,
+                      exc_info=True)
+            self._write_stats(force=True)
+            return None
         return model.norm(out)
 
 
@@ -191,7 +243,8 @@ def install(model_runner, cfg: RuntimeConfig) -> DualBatch:
     existing = getattr(model, "_sgl_moe_dual", None)
     if existing is not None:
         return existing
-    dual = DualBatch(model, cfg.dual_batch, cfg.dual_batch_always)
+    stats_path = os.path.join(cfg.profile_dir, DUAL_BATCH_STATS_FILE) if cfg.profile_dir else None
+    dual = DualBatch(model, cfg.dual_batch, cfg.dual_batch_always, stats_path)
     model._sgl_moe_dual = dual
     log.info("dual micro-batch attention-MoE overlap (%s): %d layers; decode forwards of >= 2 sequences, "
              "after %d calibration forwards", cfg.dual_batch, len(layers), CALIBRATION_FORWARDS)
@@ -200,7 +253,7 @@ def install(model_runner, cfg: RuntimeConfig) -> DualBatch:
 
 def around_model_forward(original, model, input_ids, positions, forward_batch, input_embeds=None, *args, **kwargs):
     dual = getattr(model, "_sgl_moe_dual", None)
-    if dual is not None and not args and not kwargs.get("pp_proxy_tensors") and dual.eligible(forward_batch,
+    if dual is not None and not dual.disabled and not args and not kwargs.get("pp_proxy_tensors") and dual.eligible(forward_batch,
                                                                                                  input_embeds):
         out = dual.forward(model, input_ids, positions, forward_batch)
         if out is not None:

@@ -237,8 +237,9 @@ def check_predictor_bundle(model_path: str | None) -> None:
                           f"{model_path}`, or use --moe-execution on_demand (no prediction)")
 
 
-def export_dual_batch(argv: list[str], moe: MoeArgs, cpu_engine: bool) -> None:
-    """``--moe-dual-batch``: refuse what cannot work, then hand the patch its configuration."""
+def export_dual_batch(argv: list[str], moe: MoeArgs, cpu_engine: bool) -> str:
+    """``--moe-dual-batch``: refuse what cannot work, then hand the patch its configuration. Returns the
+    directory where the patch leaves its counts for ``/sgl_moe/info``."""
     from sgl_moe.patches.runtime_env import RuntimeConfig
 
     backend = _flag_value(argv, "--attention-backend")
@@ -246,6 +247,10 @@ def export_dual_batch(argv: list[str], moe: MoeArgs, cpu_engine: bool) -> None:
         raise LaunchError(f"--moe-dual-batch {moe.dual_batch} runs attention per micro-batch, which this version "
                           f"does with backends that keep no per-batch plan: torch_native (the CPU path); "
                           f"{backend or 'the GPU default backend'} would need one child backend per micro-batch")
+    if not cpu_engine and not _has_flag(argv, "--disable-cuda-graph"):
+        raise LaunchError(f"--moe-dual-batch {moe.dual_batch} runs decode forwards through its own micro-batch "
+                          "pipeline (host threads, a split chosen per batch shape), which CUDA graphs would freeze "
+                          "at capture time; add --disable-cuda-graph")
     for flag, bad in (("--tp-size", "1"), ("--pp-size", "1"), ("--dp-size", "1")):
         value = _flag_value(argv, flag)
         if value is not None and value != bad:
@@ -254,9 +259,10 @@ def export_dual_batch(argv: list[str], moe: MoeArgs, cpu_engine: bool) -> None:
     if _has_flag(argv, "--enable-two-batch-overlap"):
         raise LaunchError("--moe-dual-batch is the project's own two-micro-batch overlap (no all-to-all backend "
                           "needed); do not combine it with SGLang's --enable-two-batch-overlap")
-    RuntimeConfig(dual_batch=moe.dual_batch, dual_batch_always=moe.dual_batch_always).export()
+    stats_dir = tempfile.mkdtemp(prefix="sgl_moe-dual-batch-")
+    RuntimeConfig(dual_batch=moe.dual_batch, dual_batch_always=moe.dual_batch_always, profile_dir=stats_dir).export()
     logger.info("dual micro-batch attention-MoE overlap: %s (decode forwards of >= 2 sequences)", moe.dual_batch)
-    return None
+    return stats_dir
 
 
 def export_runtime(argv: list[str], moe: MoeArgs, cpu_engine: bool) -> str | None:

@@ -54,11 +54,25 @@ OFFLOAD_STATS_FILE = "offload.json"
 """Written by the scheduler's offload patch (``patches/expert_offload.py`` STATS_FILE) at most once a second."""
 
 
+DUAL_BATCH_STATS_FILE = "dual_batch.json"
+"""Written by the scheduler's dual micro-batch patch (``patches/dual_batch.py``) at most once a second."""
+
+
 def _offload_counts(moe: MoeArgs, profile_dir: str | None) -> dict[str, Any]:
     """The offload settings and the scheduler's latest counts (hits, misses, bytes moved), if any yet."""
     out: dict[str, Any] = {"predictor": moe.predictor, "execution": moe.execution,
                            "resident_experts": moe.resident_experts}
-    path = Path(profile_dir) / OFFLOAD_STATS_FILE if profile_dir else None
+    return _with_counts(out, profile_dir, OFFLOAD_STATS_FILE)
+
+
+def _dual_batch_counts(moe: MoeArgs, profile_dir: str | None) -> dict[str, Any]:
+    """The placement and the scheduler's latest counts (forwards overlapped or not, the cost model, plans)."""
+    out: dict[str, Any] = {"placement": moe.dual_batch, "always": moe.dual_batch_always}
+    return _with_counts(out, profile_dir, DUAL_BATCH_STATS_FILE)
+
+
+def _with_counts(out: dict[str, Any], profile_dir: str | None, name: str) -> dict[str, Any]:
+    path = Path(profile_dir) / name if profile_dir else None
     if path is not None and path.is_file():
         try:
             out["counts"] = json.loads(path.read_text())
@@ -118,6 +132,8 @@ def install_routes(server_args, moe: MoeArgs, device: str, profile_dir: str | No
         payload = info()
         if moe.expert_offload:
             payload = {**payload, "offload": _offload_counts(moe, profile_dir)}
+        if moe.dual_batch != "off":
+            payload = {**payload, "dual_batch": _dual_batch_counts(moe, profile_dir)}
         return JSONResponse(payload)
 
     def tokenizer_file(name: str):

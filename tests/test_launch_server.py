@@ -180,5 +180,8 @@ def test_dual_batch_refuses_attention_backends_that_plan_per_batch(monkeypatch):
     for argv in ([], ["--attention-backend", "flashinfer"]):  # a GPU's default backend, or a named one
         with pytest.raises(LaunchError, match="one child backend per micro-batch"):
             export_runtime(argv, MoeArgs(dual_batch="streams"), cpu_engine=False)
-    export_runtime(["--attention-backend", "torch_native"], MoeArgs(dual_batch="streams"), cpu_engine=False)
+    with pytest.raises(LaunchError, match="add --disable-cuda-graph"):  # a GPU decodes through CUDA graphs
+        export_runtime(["--attention-backend", "torch_native"], MoeArgs(dual_batch="streams"), cpu_engine=False)
+    export_runtime(["--attention-backend", "torch_native", "--disable-cuda-graph"], MoeArgs(dual_batch="streams"),
+                   cpu_engine=False)
     assert RuntimeConfig.from_env().dual_batch == "streams"

@@ -73,35 +73,58 @@ def run_pair(runner: DualBatchRunner, reference: DualBatchRunner, x: torch.Tenso
             "diff_vs_unsplit": _diff(out, reference.run(x))}
 
 
+def measure_eta(runner: DualBatchRunner, batch: int, half_a: float, half_m: float, reps: int) -> float:
+    """Overlap efficiency of A's attention beside B's MoE, halves of ``batch`` (1: perfect, 0: none)."""
+    half = max(1, batch // 2)
+    conc = runner.time_concurrent(slice(0, half), slice(half, batch), reps=reps)
+    return min(1.0, max(0.0, (half_a + half_m - conc) / min(half_a, half_m)))
+
+
 def bench_cpu_experts(stack: DecodeStack, batches: list[int], context: int, reps: int, threads: int | None,
-                      progress, force: bool = False) -> dict:
+                      progress, force: bool = False, eta: float | None = None) -> dict:
     cfg = stack.cfg
     ops = {b: DecodeLayers(stack, [context] * b) for b in batches}
     runners = {b: DualBatchRunner(ops[b], "cpu-experts", expert_threads=threads) for b in batches}
     try:
         samples: list[Sample] = []
-        measured = {}
+        measured, etas = {}, {}
         for b in batches:
-            samples += measure(runners[b], sorted({max(1, b // 2), b}), reps=reps)
-            measured[b] = (samples[-2].seconds, samples[-1].seconds)
+            new = measure(runners[b], sorted({max(1, b // 2), b}), reps=reps)
+            samples += new
+            measured[b] = (new[-2].seconds, new[-1].seconds)
+            if eta is not None or b == 1:
+                etas[b] = (1.0 if eta is None else eta, "flag" if eta is not None else "batch of 1")
+            else:  # a GPU and a CPU share little; two cores of one CPU share its memory bandwidth
+                etas[b] = (measure_eta(runners[b], b, new[0].seconds, new[1].seconds, reps), "measured")
         model = CostModel.fit(samples)
-        solver = Solver(model, cfg.layers, "cpu-experts", force_overlap=force)
         rows = []
         for b in batches:
+            solver = Solver(model, cfg.layers, "cpu-experts", eta=etas[b][0], force_overlap=force)
+            forced = Solver(model, cfg.layers, "cpu-experts", eta=etas[b][0], force_overlap=True)
             plan = solver.plan([1] * b, ops[b].contexts)
             t_a, t_m = measured[b]
             row = {"batch": b, "t_attn_s": t_a, "t_moe_s": t_m, "bound": min(t_a, t_m) / (t_a + t_m),
+                   "eta": etas[b][0], "eta_source": etas[b][1],
                    "plan": _plan_dict(plan), **run_pair(runners[b], runners[b], ops[b].inputs(), plan, reps)}
             row["fraction_of_bound"] = row["achieved_gain"] / row["bound"] if row["bound"] > 0 else None
+            if not plan.overlap and b > 1:  # check the solver's "off": what the split would have done
+                alt = forced.plan([1] * b, ops[b].contexts)
+                row["forced"] = {"plan": _plan_dict(alt),
+                                 **run_pair(runners[b], runners[b], ops[b].inputs(), alt, reps)}
             rows.append(row)
-            progress(f"cpu-experts B={b}: T_a {t_a * 1e3:.3f} ms T_m {t_m * 1e3:.3f} ms, seq {row['seq_s'] * 1e3:.2f}"
+            progress(f"cpu-experts B={b}: T_a {t_a * 1e3:.3f} ms T_m {t_m * 1e3:.3f} ms eta {etas[b][0]:.2f}, "
+                     f"seq {row['seq_s'] * 1e3:.2f}"
                      f" ms, dual {row['dual_s'] * 1e3:.2f} ms (split {plan.split.point}/{b}, {plan.order})")
     finally:
         for r in runners.values():
             r.close()
     by = {r["batch"]: r for r in rows}
+    # 2B overlapped vs B in turn mixes two effects; "batching" (2B in turn vs B in turn) and "overlap"
+    # (2B overlapped vs 2B in turn) separate them: throughput_ratio = batching × overlap.
     doubled = [{"batch": b, "batch_dual": 2 * b, "overlap": by[2 * b]["plan"]["overlap"],
                 "throughput_ratio": 2 * by[b]["seq_s"] / by[2 * b]["dual_s"],
+                "batching_ratio": 2 * by[b]["seq_s"] / by[2 * b]["seq_s"],
+                "overlap_ratio": by[2 * b]["seq_s"] / by[2 * b]["dual_s"],
                 "added_latency": by[2 * b]["dual_s"] / by[b]["seq_s"] - 1} for b in batches if 2 * b in by]
     return {"model": asdict(model), "rows": rows, "doubled": doubled}
 
@@ -157,21 +180,26 @@ def table(result: dict) -> str:
     if "cpu-experts" in result:
         r = result["cpu-experts"]
         lines += ["", f"cpu-experts, decode, context {result['context']} (per layer T_a, T_m; per step seq, dual):",
-                  "| batch | T_a ms | T_m ms | bound | plan (A size, order) | predicted gain | seq ms | dual ms | "
-                  "speedup | gain / bound | diff vs serial split | diff vs unsplit |",
-                  "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+                  "| batch | T_a ms | T_m ms | bound | eta | plan (A size, order) | predicted gain | seq ms | dual ms | "
+                  "speedup | gain / bound | diff vs serial split | diff vs unsplit | if split anyway |",
+                  "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
         for x in r["rows"]:
+            alt = x.get("forced")
+            alt_txt = f"{plan(alt['plan'])}: {alt['speedup']:.2f}x" if alt else "-"
             lines.append(f"| {x['batch']} | {ms(x['t_attn_s'])} | {ms(x['t_moe_s'])} | {pct(x['bound'])} | "
+                         f"{x['eta']:.2f} ({x['eta_source']}) | "
                          f"{plan(x['plan'])} | {pct(x['plan']['predicted_gain'])} | {ms(x['seq_s'])} | "
                          f"{ms(x['dual_s'])} | {x['speedup']:.2f}x | {pct(x['fraction_of_bound'])} | "
-                         f"{x['diff_vs_serial_split']:.3g} | {x['diff_vs_unsplit']:.3g} |")
+                         f"{x['diff_vs_serial_split']:.3g} | {x['diff_vs_unsplit']:.3g} | {alt_txt} |")
         if r["doubled"]:
             lines += ["", "seed 004's view: two micro-batches of B overlapped vs one batch of B in turn "
                           "(target ≥ 1.3x throughput, ≤ 15% added latency):",
-                      "| B | dual batch | overlapped | throughput ratio | added per-request latency |",
-                      "|---|---|---|---|---|"]
+                      "| B | dual batch | overlapped | throughput ratio | = batching (2B vs B in turn) | "
+                      "x overlap (2B) | added per-request latency |",
+                      "|---|---|---|---|---|---|---|"]
             lines += [f"| {d['batch']} | {d['batch_dual']} | {'yes' if d['overlap'] else 'no (plan off)'} | "
-                      f"{d['throughput_ratio']:.2f}x | {pct(d['added_latency'])} |"
+                      f"{d['throughput_ratio']:.2f}x | {d['batching_ratio']:.2f}x | {d['overlap_ratio']:.2f}x | "
+                      f"{pct(d['added_latency'])} |"
                       for d in r["doubled"]]
     if "streams" in result:
         lines += ["", "streams, prefill (per layer T_a, T_m; per forward seq, dual):",
@@ -208,10 +236,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--layers", type=int, default=4)
     p.add_argument("--experts", type=int, help="routed experts per layer (default: the model's); fewer make the "
                    "CPU experts' time comparable to the attention's where a torch CPU kernel is far slower")
+    p.add_argument("--dtype", choices=("bfloat16", "float16", "float32"),
+                   help="weights and activations (default bfloat16; tiny float32); a CPU without bf16 units runs "
+                   "float32 far faster")
     p.add_argument("--reps", type=int, default=5, help="timed repetitions (median)")
     p.add_argument("--expert-threads", type=int, help="torch threads of the CPU experts worker "
                    "(default: cores - 2 with a GPU, 1 in CPU emulation)")
-    p.add_argument("--eta", type=float, help="overlap efficiency of concurrent kernels (streams); default measured")
+    p.add_argument("--eta", type=float, help="overlap efficiency of the two resources running together; default "
+                   "measured per shape")
     p.add_argument("--force-overlap", action="store_true",
                    help="split every batch of 2+ even where the solver predicts no gain (A/B runs, smoke tests)")
     p.add_argument("--json", type=Path, help="write the full result here")
@@ -237,6 +269,8 @@ def main(argv: list[str] | None = None) -> int:
         if not cfg.top_k <= args.experts:
             p.error(f"--experts must be at least top-k ({cfg.top_k})")
         cfg = replace(cfg, experts=args.experts)
+    if args.dtype:
+        cfg = replace(cfg, dtype=args.dtype)
     threads = args.expert_threads or (max(1, (os.cpu_count() or 2) - 2) if device.type == "cuda" else 1)
     if device.type == "cpu":
         torch.set_num_threads(1)  # the emulated "GPU" and the emulated CPU-experts worker get a core each
@@ -249,7 +283,7 @@ def main(argv: list[str] | None = None) -> int:
                     "force_overlap": args.force_overlap}
     if "cpu-experts" in placements:
         result["cpu-experts"] = bench_cpu_experts(DecodeStack(cfg, device, context), batches, context, args.reps,
-                                                  threads, progress, args.force_overlap)
+                                                  threads, progress, args.force_overlap, args.eta)
         model = CostModel(**result["cpu-experts"]["model"])
     else:
         model = CostModel(attn_alpha=1e-5, attn_beta=1e-9, attn_gamma=1e-6, moe_alpha=1e-5, moe_beta=1e-5)

@@ -238,6 +238,7 @@ class DualBatchRunner:
         if moe_delay_s and not isinstance(self.moe, ThreadLane):
             raise ValueError("moe_delay_s needs a thread MoE lane (CPU emulation or cpu-experts)")
         self._active: tuple[Lane, Lane] = (self.attn, self.moe)  # the lanes of the run in progress
+        self._modes = (False, torch.is_grad_enabled())  # the caller's (inference, grad) modes of that run
 
     # -- tasks -------------------------------------------------------------------------------------------
     def _attn_task(self, mb: _MicroBatch, layer: int) -> None:
@@ -314,10 +315,22 @@ class DualBatchRunner:
         # One micro-batch on ``streams``: nothing to overlap, so no lanes either (the caller's stream).
         inline = len(mbs) == 1 and self.placement == "streams"
         attn, moe = self._active = (InlineLane(), InlineLane()) if inline else (self.attn, self.moe)
+        # Grad and inference modes are thread-local: worker threads run the tasks in the caller's (a server
+        # runs its forward under inference_mode; its KV cache must not be written with autograd on).
+        self._modes = (torch.is_inference_mode_enabled(), torch.is_grad_enabled())
         try:
             return self._issue(mbs, x, attn, moe, serial)
         finally:
             self._active = (self.attn, self.moe)
+
+    def _task(self, fn: Callable[..., None], *args) -> Callable[[], None]:
+        inference, grad = self._modes
+
+        def work() -> None:
+            with torch.inference_mode(inference), torch.set_grad_enabled(grad):
+                fn(*args)
+
+        return work
 
     def _issue(self, mbs: list[_MicroBatch], x: torch.Tensor, attn: Lane, moe: Lane, serial: bool
                ) -> torch.Tensor:
@@ -331,9 +344,9 @@ class DualBatchRunner:
                 wait = [start] if layer == 0 else ([] if self.skip_moe_wait else [moe_done[i]])
                 if serial:
                     wait.append(last)
-                attn_done = attn.submit(partial(self._attn_task, mb, layer), wait)
-                moe_done[i] = last = moe.submit(partial(self._moe_task, mb, layer), [self._cross(attn_done)])
-        finished = [attn.submit(partial(self._finish_task, mb, out, layers), [moe_done[i]])
+                attn_done = attn.submit(self._task(self._attn_task, mb, layer), wait)
+                moe_done[i] = last = moe.submit(self._task(self._moe_task, mb, layer), [self._cross(attn_done)])
+        finished = [attn.submit(self._task(self._finish_task, mb, out, layers), [moe_done[i]])
                     for i, mb in enumerate(mbs)]
         for fence in finished:
             fence.wait()  # CUDA: the caller's stream waits (the LM head is the next consumer); CPU: blocks
@@ -344,13 +357,14 @@ class DualBatchRunner:
         placement's lanes (cpu-experts: the device→host copies are in the attention task)."""
         x0 = self.ops.inputs()[rows]
         mb = _MicroBatch(rows, x0)
+        self._modes = (torch.is_inference_mode_enabled(), torch.is_grad_enabled())
 
         def attn() -> None:
             mb.x = x0  # every rep attends the same input (the task replaces mb.x with its output)
-            self.attn.submit(partial(self._attn_task, mb, 0), [compute_fence(self.device)]).wait()
+            self.attn.submit(self._task(self._attn_task, mb, 0), [compute_fence(self.device)]).wait()
 
         def moe() -> None:
-            self.moe.submit(partial(self._moe_task, mb, 0), [self._cross(compute_fence(self.device))]).wait()
+            self.moe.submit(self._task(self._moe_task, mb, 0), [self._cross(compute_fence(self.device))]).wait()
 
         t_attn = time_call(attn, self.device, reps=reps)
         t_moe = time_call(moe, self.device, reps=reps)
@@ -359,12 +373,14 @@ class DualBatchRunner:
     def time_concurrent(self, rows_a: slice, rows_b: slice, reps: int = 5) -> float:
         """Seconds of A's attention and B's MoE issued together (what the overlap efficiency η is made of)."""
         a, b = _MicroBatch(rows_a, self.ops.inputs()[rows_a]), _MicroBatch(rows_b, self.ops.inputs()[rows_b])
-        self.attn.submit(partial(self._attn_task, b, 0), [compute_fence(self.device)]).wait()
+        self._modes = (torch.is_inference_mode_enabled(), torch.is_grad_enabled())
+        self.attn.submit(self._task(self._attn_task, b, 0), [compute_fence(self.device)]).wait()
 
         def both() -> None:
             start = compute_fence(self.device)
-            fa = self.attn.submit(partial(self._attn_task, a, 0), [start])
-            fb = self.moe.submit(partial(self._moe_task, b, 0), [self._cross(start)])
+            # The MoE first: an inline attention lane (cpu-experts emulated on a CPU) runs at submit.
+            fb = self.moe.submit(self._task(self._moe_task, b, 0), [self._cross(start)])
+            fa = self.attn.submit(self._task(self._attn_task, a, 0), [start])
             fa.wait()
             fb.wait()
 

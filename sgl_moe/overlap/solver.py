@@ -5,8 +5,9 @@ their tasks in a fixed order, the *lead* micro-batch first in every layer (order
     attention resource:  a_lead^0, a_other^0, a_lead^1, a_other^1, …
     MoE resource:        m_lead^0, m_other^0, m_lead^1, …
 Finish times obey a max-plus recursion (``layer_step``); the makespan is the last MoE's finish. For
-``cpu-experts`` the resources are the GPU and the CPU. For ``streams`` both are one GPU: concurrent kernels
-overlap with efficiency η ∈ [0, 1], modelled as serial − η·(serial − two-resource makespan).
+``cpu-experts`` the resources are the GPU and the CPU (η = 1 unless measured otherwise: two cores of one CPU
+emulating them share its memory bandwidth). For ``streams`` both are one GPU: concurrent kernels overlap with
+efficiency η ∈ [0, 1], modelled as serial − η·(serial − two-resource makespan).
 Embedding and LM head are shared and outside the model (the same in every plan).
 
 The recursion is max-plus linear, so once the per-layer increment is the same for every finish time
@@ -97,7 +98,7 @@ class Solver:
         if not 0.0 <= eta <= 1.0:
             raise ValueError(f"overlap efficiency eta must be in [0, 1], got {eta}")
         self.model, self.layers, self.placement = model, layers, placement
-        self.eta = 1.0 if placement == "cpu-experts" else eta
+        self.eta = eta
         self.window, self.context_bucket, self.cache_size = window, context_bucket, cache_size
         self.force_overlap = force_overlap
         """Overlap even where the model predicts no gain (A/B measurements); never for a batch of one."""

@@ -39,7 +39,8 @@ class DoneFence:
 
 
 class ThreadFence:
-    def __init__(self) -> None:
+    def __init__(self, lane: str = "background") -> None:
+        self.lane = lane
         self._event = threading.Event()
         self._error: BaseException | None = None
 
@@ -49,8 +50,10 @@ class ThreadFence:
 
     def wait(self) -> None:
         self._event.wait()
+        if isinstance(self._error, LaneError):
+            raise self._error  # a dependency's failure, passed on unwrapped: one message, the original cause
         if self._error is not None:
-            raise LaneError(f"background expert transfer failed: {self._error!r}") from self._error
+            raise LaneError(f"{self.lane} lane task failed: {self._error!r}") from self._error
 
     def done(self) -> bool:
         return self._event.is_set()
@@ -90,7 +93,7 @@ class ThreadLane:
         self._thread.start()
 
     def submit(self, work: Callable[[], None], after: list[Fence]) -> Fence:
-        fence = ThreadFence()
+        fence = ThreadFence(self.name)
         self._jobs.put((work, list(after), fence))
         return fence
 

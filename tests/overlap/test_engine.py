@@ -82,3 +82,34 @@ def test_task_times_and_concurrency_are_measured(decode_stack):
         assert runner.time_concurrent(slice(0, 2), slice(2, 4), reps=2) > 0
     finally:
         runner.close()
+
+
+@pytest.mark.parametrize("placement", ["streams", "cpu-experts"])
+def test_worker_threads_run_in_the_callers_inference_mode(decode_stack, model, placement):
+    """A server runs its forward under inference_mode, which is thread-local: the lanes' threads must too
+    (else writing the inference-mode output, or a server's KV cache, from a worker thread fails)."""
+    ops = DecodeLayers(decode_stack, [10, 20, 30, 40])
+    plan = Solver(model, ops.cfg.layers, placement, force_overlap=True).plan([1] * 4, ops.contexts)
+    runner = DualBatchRunner(ops, placement)
+    try:
+        with torch.inference_mode():
+            x = ops.inputs(seed=5)
+            out = runner.run(x, plan)
+        assert out.is_inference()
+        assert torch.equal(out, DualBatchRunner(ops, "sequential").run(ops.inputs(seed=5), plan))
+    finally:
+        runner.close()
+
+
+def test_a_failed_task_is_reported_once_with_its_cause():
+    from sgl_moe.streaming.lanes import ThreadLane
+
+    lane = ThreadLane("overlap-attn")
+    try:
+        first = lane.submit(lambda: 1 / 0, [])
+        second = lane.submit(lambda: None, [first])
+        with pytest.raises(LaneError, match=r"^overlap-attn lane task failed: ZeroDivisionError") as info:
+            second.wait()
+        assert isinstance(info.value.__cause__, ZeroDivisionError)
+    finally:
+        lane.close()

@@ -1,8 +1,9 @@
-"""A real SGLang worker with ``--moe-dual-batch cpu-experts`` against the unpatched session worker.
+"""Real SGLang workers with ``--moe-dual-batch cpu-experts`` and ``streams`` against the unpatched session worker.
 
 Reference: the same SGLang, same weights, unpatched. The patched worker runs each decode forward of several
 sequences as two micro-batches (SGLang's own norm, attention and gate modules on each micro-batch's rows, the
-experts on a CPU worker thread). Tolerance: same token ids, logprobs within 1e-5. Not bit-exact, because the
+experts on a CPU worker thread; ``streams`` on a CPU: attention and experts each on a worker thread, the
+emulation of two CUDA streams). Tolerance: same token ids, logprobs within 1e-5. Not bit-exact, because the
 micro-batches' GEMMs have other row counts than the whole batch's (fp32 BLAS picks other blockings), and the
 experts run through ``moe_math.experts_forward`` instead of SGLang's native MoE loop (other summation order);
 observed differences are ~3e-6. ``--moe-dual-batch-always`` makes every eligible forward split, so the test
@@ -20,10 +21,11 @@ import pytest
 pytestmark = pytest.mark.worker
 
 
-@pytest.fixture(scope="module")
-def dual_worker(tmp_path_factory, start_worker):
-    proc = start_worker(tmp_path_factory.mktemp("dual-batch") / "worker.log",
-                        ["--moe-dual-batch", "cpu-experts", "--moe-dual-batch-always", "--max-total-tokens", "16384"])
+@pytest.fixture(scope="module", params=["cpu-experts", "streams"])
+def dual_worker(request, tmp_path_factory, start_worker):
+    """One patched worker per placement, one at a time (pytest finishes a parameter before the next)."""
+    proc = start_worker(tmp_path_factory.mktemp(f"dual-batch-{request.param}") / "worker.log",
+                        ["--moe-dual-batch", request.param, "--moe-dual-batch-always", "--max-total-tokens", "16384"])
     yield proc
     proc.stop()
 
@@ -53,3 +55,8 @@ def test_dual_micro_batch_decode_gives_the_unpatched_tokens(worker, dual_worker)
     log = dual_worker.log_path.read_text(errors="replace")
     assert "cost model from" in log
     assert ": overlap; split" in log  # at least one decode forward ran as two micro-batches
+    info = httpx.get(f"{dual_worker.url}/sgl_moe/info", timeout=30).json()["dual_batch"]
+    counts = info["counts"]  # written by the scheduler's patch on its first overlapped forward
+    assert counts["placement"] == info["placement"] and counts["overlapped"] >= 1
+    assert counts["failed"] == 0 and not counts["disabled"] and "overlap failed" not in log
+    assert counts["calibration"] == 6 and counts["cost_model"] is not None
