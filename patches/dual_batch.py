@@ -14,8 +14,9 @@ per batch (flashinfer, FA3, triton) would need one child backend per micro-batch
 builds); the launcher refuses them for now.
 
 Costs are measured, not assumed: the first ``CALIBRATION_FORWARDS`` eligible forwards run SGLang's path and
-time layer 0's attention and experts alone on the batch (samples for ``CostModel.fit``); then the solver
-plans every new batch shape (cached by shape).
+time layer 0's attention and experts alone on the batch (samples for ``CostModel.fit``) and one half's
+attention beside the other half's experts on the runner's lanes (the overlap efficiency η: two streams of one
+GPU overlap far less than a GPU and a CPU); then the solver plans every new batch shape (cached by shape).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import copy
 import json
 import logging
 import os
+import statistics
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -134,6 +136,8 @@ class DualBatch:
         self.always = always
         self.runner = DualBatchRunner(self.ops, placement)  # type: ignore[arg-type]
         self.samples: list[Sample] = []
+        self.etas: list[float] = []
+        self.eta: float | None = None
         self.solver: Solver | None = None
         self.counts = {"overlapped": 0, "not_overlapped": 0, "calibration": 0, "failed": 0}
         self.disabled = False
@@ -145,7 +149,7 @@ class DualBatch:
         """Counts of decode forwards by path, the cost model, the solver's work and its latest new plan."""
         solver = self.solver
         return {**self.counts, "placement": self.placement, "disabled": self.disabled,
-                "cost_model": asdict(solver.model) if solver is not None else None,
+                "cost_model": asdict(solver.model) if solver is not None else None, "eta": self.eta,
                 "shapes_solved": solver.solves if solver is not None else 0, "last_new_plan": self._last_plan}
 
     def _write_stats(self, force: bool = False) -> None:
@@ -197,13 +201,17 @@ class DualBatch:
         sync()
         t3 = time.perf_counter()
         self.samples += [Sample("attention", tokens, nc, t2 - t0), Sample("moe", tokens, 0, t3 - t2)]
+        half = x.shape[0] // 2
+        if half:  # how much of the shorter task hides when one half's attention runs beside the other's MoE
+            self.etas.append(self.runner.overlap_efficiency(slice(0, half), slice(half, x.shape[0]), reps=1, x=x))
         self.counts["calibration"] += 1
         if self.counts["calibration"] >= CALIBRATION_FORWARDS:
             model = CostModel.fit(self.samples)
+            self.eta = statistics.median(self.etas) if self.etas else 1.0
             self.solver = Solver(model, self.ops.cfg.layers, self.placement,  # type: ignore[arg-type]
-                                 force_overlap=self.always)
-            log.info("dual micro-batch (%s): cost model from %d forwards: %s", self.placement,
-                     self.counts["calibration"], model)
+                                 eta=self.eta, force_overlap=self.always)
+            log.info("dual micro-batch (%s): cost model from %d forwards: %s; overlap efficiency eta %.2f",
+                     self.placement, self.counts["calibration"], model, self.eta)
             self._write_stats(force=True)
 
     def forward(self, model, input_ids, positions, forward_batch) -> torch.Tensor | None:

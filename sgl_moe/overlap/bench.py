@@ -73,13 +73,6 @@ def run_pair(runner: DualBatchRunner, reference: DualBatchRunner, x: torch.Tenso
             "diff_vs_unsplit": _diff(out, reference.run(x))}
 
 
-def measure_eta(runner: DualBatchRunner, batch: int, half_a: float, half_m: float, reps: int) -> float:
-    """Overlap efficiency of A's attention beside B's MoE, halves of ``batch`` (1: perfect, 0: none)."""
-    half = max(1, batch // 2)
-    conc = runner.time_concurrent(slice(0, half), slice(half, batch), reps=reps)
-    return min(1.0, max(0.0, (half_a + half_m - conc) / min(half_a, half_m)))
-
-
 def bench_cpu_experts(stack: DecodeStack, batches: list[int], context: int, reps: int, threads: int | None,
                       progress, force: bool = False, eta: float | None = None) -> dict:
     cfg = stack.cfg
@@ -95,7 +88,7 @@ def bench_cpu_experts(stack: DecodeStack, batches: list[int], context: int, reps
             if eta is not None or b == 1:
                 etas[b] = (1.0 if eta is None else eta, "flag" if eta is not None else "batch of 1")
             else:  # a GPU and a CPU share little; two cores of one CPU share its memory bandwidth
-                etas[b] = (measure_eta(runners[b], b, new[0].seconds, new[1].seconds, reps), "measured")
+                etas[b] = (runners[b].overlap_efficiency(slice(0, b // 2), slice(b // 2, b), reps), "measured")
         model = CostModel.fit(samples)
         rows = []
         for b in batches:
@@ -143,10 +136,7 @@ def bench_streams(stack: MoEStack, shapes: list[tuple[int, int]], reps: int, eta
             eta_used, eta_src = eta, "flag"
             if eta is None:
                 if b > 1:
-                    ha, hm = samples[0].seconds, samples[1].seconds
-                    conc = runner.time_concurrent(slice(0, half), slice(half, b), reps=reps)
-                    eta_used = min(1.0, max(0.0, (ha + hm - conc) / min(ha, hm)))
-                    eta_src = "measured"
+                    eta_used, eta_src = runner.overlap_efficiency(slice(0, half), slice(half, b), reps), "measured"
                 else:
                     eta_used, eta_src = 0.0, "batch of 1"
             plan = Solver(model, cfg.layers, "streams", eta=eta_used, force_overlap=force).plan([s] * b, [s] * b)

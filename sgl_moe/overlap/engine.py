@@ -352,10 +352,11 @@ class DualBatchRunner:
             fence.wait()  # CUDA: the caller's stream waits (the LM head is the next consumer); CPU: blocks
         return out
 
-    def time_tasks(self, rows: slice, reps: int = 5) -> tuple[float, float]:
-        """Seconds of one attention task and one MoE task (layer 0) for ``rows``, each alone, on this
-        placement's lanes (cpu-experts: the device→host copies are in the attention task)."""
-        x0 = self.ops.inputs()[rows]
+    def time_tasks(self, rows: slice, reps: int = 5, x: torch.Tensor | None = None) -> tuple[float, float]:
+        """Seconds of one attention task and one MoE task (layer 0) for ``rows`` of ``x`` (default: the ops'
+        inputs), each alone, on this placement's lanes (cpu-experts: the device→host copies are in the
+        attention task)."""
+        x0 = (self.ops.inputs() if x is None else x)[rows]
         mb = _MicroBatch(rows, x0)
         self._modes = (torch.is_inference_mode_enabled(), torch.is_grad_enabled())
 
@@ -370,9 +371,10 @@ class DualBatchRunner:
         t_moe = time_call(moe, self.device, reps=reps)
         return t_attn, t_moe
 
-    def time_concurrent(self, rows_a: slice, rows_b: slice, reps: int = 5) -> float:
+    def time_concurrent(self, rows_a: slice, rows_b: slice, reps: int = 5, x: torch.Tensor | None = None) -> float:
         """Seconds of A's attention and B's MoE issued together (what the overlap efficiency η is made of)."""
-        a, b = _MicroBatch(rows_a, self.ops.inputs()[rows_a]), _MicroBatch(rows_b, self.ops.inputs()[rows_b])
+        x = self.ops.inputs() if x is None else x
+        a, b = _MicroBatch(rows_a, x[rows_a]), _MicroBatch(rows_b, x[rows_b])
         self._modes = (torch.is_inference_mode_enabled(), torch.is_grad_enabled())
         self.attn.submit(self._task(self._attn_task, b, 0), [compute_fence(self.device)]).wait()
 
@@ -385,6 +387,16 @@ class DualBatchRunner:
             fb.wait()
 
         return time_call(both, self.device, reps=reps)
+
+    def overlap_efficiency(self, rows_a: slice, rows_b: slice, reps: int = 5, x: torch.Tensor | None = None
+                           ) -> float:
+        """η ∈ [0, 1]: the share of the shorter of (A's attention, B's MoE) hidden when both are issued
+        together (1: the two resources are independent; 0: they serialise, e.g. kernels that already fill
+        one GPU, or two cores that share one memory bus)."""
+        t_a = self.time_tasks(rows_a, reps, x)[0]
+        t_m = self.time_tasks(rows_b, reps, x)[1]
+        both = self.time_concurrent(rows_a, rows_b, reps, x)
+        return min(1.0, max(0.0, (t_a + t_m - both) / min(t_a, t_m))) if min(t_a, t_m) > 0 else 0.0
 
     def close(self) -> None:
         self.attn.close()
