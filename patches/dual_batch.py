@@ -33,7 +33,8 @@ from pathlib import Path
 import torch
 
 from sgl_moe.overlap.costs import CostModel, Sample
-from sgl_moe.overlap.engine import DualBatchRunner, LayerOps
+from sgl_moe.overlap.engine import DualBatchRunner
+from sgl_moe.overlap.layers import LayerOps
 from sgl_moe.overlap.solver import Plan, Solver
 from sgl_moe.patches.runtime_env import RuntimeConfig
 from sgl_moe.streaming.expert_store import LayerWeights

@@ -30,7 +30,8 @@ import torch
 
 from sgl_moe.offload.decode_stack import DecodeStack
 from sgl_moe.overlap.costs import CostModel, Sample, measure, time_call
-from sgl_moe.overlap.engine import DecodeLayers, DualBatchRunner, PrefillLayers
+from sgl_moe.overlap.engine import DualBatchRunner
+from sgl_moe.overlap.layers import DecodeLayers, PrefillLayers
 from sgl_moe.overlap.solver import Plan, Solver
 from sgl_moe.streaming.moe_stack import MoEStack, MoEStackConfig
 

@@ -5,7 +5,8 @@ import dataclasses
 import pytest
 import torch
 
-from sgl_moe.overlap.engine import DecodeLayers, DependencyError, DualBatchRunner, PrefillLayers
+from sgl_moe.overlap.engine import DependencyError, DualBatchRunner
+from sgl_moe.overlap.layers import DecodeLayers, PrefillLayers
 from sgl_moe.overlap.solver import Solver
 from sgl_moe.streaming.lanes import LaneError
 
