@@ -36,10 +36,11 @@ from sgl_moe.overlap.costs import CostModel, Sample
 from sgl_moe.overlap.engine import DualBatchRunner
 from sgl_moe.overlap.layers import LayerOps
 from sgl_moe.overlap.solver import Plan, Solver
+from sgl_moe.patches import runtime_env
 from sgl_moe.patches.runtime_env import RuntimeConfig
 from sgl_moe.streaming.expert_store import LayerWeights
 from sgl_moe.streaming.moe_math import experts_forward, route
-from sgl_moe.worker_routes import DUAL_BATCH_STATS_FILE
+from sgl_moe.wire import DUAL_BATCH_STATS_FILE
 
 log = logging.getLogger("sgl_moe.patches.dual_batch")
 
@@ -253,10 +254,10 @@ def install(model_runner, cfg: RuntimeConfig) -> DualBatch:
     if existing is not None:
         return existing
     stats_path = os.path.join(cfg.profile_dir, DUAL_BATCH_STATS_FILE) if cfg.profile_dir else None
-    dual = DualBatch(model, cfg.dual_batch, cfg.dual_batch_always, stats_path)
+    dual = DualBatch(model, cfg.moe.dual_batch, cfg.moe.dual_batch_always, stats_path)
     model._sgl_moe_dual = dual
     log.info("dual micro-batch attention-MoE overlap (%s): %d layers; decode forwards of >= 2 sequences, "
-             "after %d calibration forwards", cfg.dual_batch, len(layers), CALIBRATION_FORWARDS)
+             "after %d calibration forwards", cfg.moe.dual_batch, len(layers), CALIBRATION_FORWARDS)
     return dual
 
 
@@ -271,7 +272,7 @@ def around_model_forward(original, model, input_ids, positions, forward_batch, i
 
 
 def after_load_model(result, model_runner, *args, **kwargs):
-    cfg = RuntimeConfig.from_env()
-    if cfg is not None and cfg.dual_batch != "off":
+    cfg = runtime_env.current()
+    if cfg is not None and cfg.moe.dual_batch != "off":
         install(model_runner, cfg)
     return result

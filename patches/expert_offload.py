@@ -31,10 +31,11 @@ from sgl_moe.offload.config import OffloadConfig
 from sgl_moe.offload.engine import OffloadEngine
 from sgl_moe.offload.resident import choose_resident
 from sgl_moe.patches import expert_streaming
+from sgl_moe.patches import runtime_env
 from sgl_moe.patches.runtime_env import RuntimeConfig
 from sgl_moe.prediction.bundle import PredictorBundle, find_bundle
 from sgl_moe.prediction.predictor import NextLayerPredictor
-from sgl_moe.worker_routes import OFFLOAD_STATS_FILE
+from sgl_moe.wire import OFFLOAD_STATS_FILE
 
 log = logging.getLogger("sgl_moe.patches.offload")
 
@@ -212,31 +213,31 @@ def install(model_runner, cfg: RuntimeConfig) -> OffloadedExperts:
     bundle_dir = find_bundle(model_path)
     bundle = PredictorBundle.load(bundle_dir) if bundle_dir is not None else None
     predictor = None
-    if cfg.execution != "on_demand":
+    if cfg.moe.execution != "on_demand":
         topk_config = getattr(getattr(blocks[0][1], "topk", None), "topk_config", None)
         if topk_config is not None and (topk_config.use_grouped_topk or topk_config.custom_routing_function
                                         or topk_config.correction_bias is not None):
             raise OffloadPatchError("--moe-expert-offload predicts plain softmax top-k routing; this model's "
                                     "router is grouped, biased or custom (use --moe-execution on_demand)")
         renormalize = bool(getattr(topk_config, "renormalize", True))
-        predictor = _predictor(bundle, blocks, cfg.predictor, top_k, renormalize, model_path)
+        predictor = _predictor(bundle, blocks, cfg.moe.predictor, top_k, renormalize, model_path)
     resident = None
-    if cfg.resident_experts:
+    if cfg.moe.resident_experts:
         if bundle is None or getattr(bundle, "frequencies", None) is None:
             raise OffloadPatchError("--moe-resident-experts picks the most routed experts from the predictor "
                                     "bundle's activation counts, which this bundle lacks; retrain it")
-        resident = choose_resident(bundle.frequencies, min(cfg.resident_experts, num_experts))
+        resident = choose_resident(bundle.frequencies, min(cfg.moe.resident_experts, num_experts))
     store = streamed.streamer.store
-    engine = OffloadEngine(store, OffloadConfig(execution=cfg.execution), first.w13_weight.device, resident)
+    engine = OffloadEngine(store, OffloadConfig(execution=cfg.moe.execution), first.w13_weight.device, resident)
     stats_path = os.path.join(cfg.profile_dir, STATS_FILE) if cfg.profile_dir else None
-    offloaded = OffloadedExperts(engine, streamed, predictor, cfg.execution, num_experts, top_k, stats_path)
+    offloaded = OffloadedExperts(engine, streamed, predictor, cfg.moe.execution, num_experts, top_k, stats_path)
     for i, (m, (_, block)) in enumerate(zip(experts, blocks)):
         m._sgl_moe_offloaded = offloaded
         _wrap_block_forward(block, i, offloaded)
     log.info("expert offload: %d MoE layers x %d experts (top-%d), execution %s, predictor %s, %d resident "
              "experts per layer; forwards with tokens x %d >= %d stream whole layers; %.1f MB of experts in "
-             "offload buffers", len(experts), num_experts, top_k, cfg.execution,
-             cfg.predictor if predictor is not None else "none", cfg.resident_experts, top_k, num_experts,
+             "offload buffers", len(experts), num_experts, top_k, cfg.moe.execution,
+             cfg.moe.predictor if predictor is not None else "none", cfg.moe.resident_experts, top_k, num_experts,
              engine.device_expert_bytes() / 1e6)
     return offloaded
 
@@ -249,7 +250,7 @@ def around_run_moe_core(original, layer, *args, **kwargs):
 
 
 def after_load_model(result, model_runner, *args, **kwargs):
-    cfg = RuntimeConfig.from_env()
-    if cfg is not None and cfg.expert_offload:
+    cfg = runtime_env.current()
+    if cfg is not None and cfg.moe.expert_offload:
         install(model_runner, cfg)
     return result

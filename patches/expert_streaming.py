@@ -17,6 +17,7 @@ import logging
 import torch
 
 from sgl_moe.patches import profile_handshake
+from sgl_moe.patches import runtime_env
 from sgl_moe.patches.runtime_env import RuntimeConfig
 from sgl_moe.streaming import ExpertStore, LayerWeights, StreamConfig, WeightStreamer
 
@@ -101,7 +102,7 @@ def install(model_runner, cfg: RuntimeConfig) -> StreamedExperts:
             m.w13_weight.data = torch.empty(0, dtype=m.w13_weight.dtype, device=device)
             m.w2_weight.data = torch.empty(0, dtype=m.w2_weight.dtype, device=device)
         torch.cuda.empty_cache()
-    streamer = WeightStreamer(store, StreamConfig(mode=cfg.weight_streaming, window=cfg.stream_window,  # type: ignore[arg-type]
+    streamer = WeightStreamer(store, StreamConfig(mode=cfg.weight_streaming, window=cfg.moe.stream_window,  # type: ignore[arg-type]
                                                   timing=cfg.profile_dir is not None), device)
     streamed = StreamedExperts(streamer, cfg.profile_dir)
     for i, m in enumerate(layers):
@@ -121,7 +122,7 @@ def around_run_moe_core(original, layer, *args, **kwargs):
 
 
 def after_load_model(result, model_runner, *args, **kwargs):
-    cfg = RuntimeConfig.from_env()
+    cfg = runtime_env.current()
     if cfg is not None and cfg.weight_streaming != "off":
         install(model_runner, cfg)
     return result

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import logging
 
-from sgl_moe.patches.runtime_env import RuntimeConfig
+from sgl_moe.patches import runtime_env
 
 log = logging.getLogger("sgl_moe.patches")
 
@@ -17,19 +17,19 @@ _registered = False
 
 def register() -> None:
     global _registered
-    cfg = RuntimeConfig.from_env()
-    if cfg is None or _registered or (cfg.weight_streaming == "off" and cfg.dual_batch == "off"):
+    cfg = runtime_env.current()
+    if cfg is None or _registered or (cfg.weight_streaming == "off" and cfg.moe.dual_batch == "off"):
         return
     from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
-    if cfg.dual_batch != "off":
+    if cfg.moe.dual_batch != "off":
         from sgl_moe.patches import dual_batch
 
         HookRegistry.register(dual_batch.LOAD_MODEL, dual_batch.after_load_model, HookType.AFTER)
         HookRegistry.register(dual_batch.MODEL_FORWARD, dual_batch.around_model_forward, HookType.AROUND)
-        log.info("sgl_moe patch registered: dual micro-batch attention-MoE overlap (%s)", cfg.dual_batch)
+        log.info("sgl_moe patch registered: dual micro-batch attention-MoE overlap (%s)", cfg.moe.dual_batch)
     if cfg.weight_streaming != "off":
-        if cfg.expert_offload:  # decode offload; its prefill path is the streaming patch, called from inside
+        if cfg.moe.expert_offload:  # decode offload; its prefill path is the streaming patch, called from inside
             from sgl_moe.patches import expert_offload as patch
         else:
             from sgl_moe.patches import expert_streaming as patch  # type: ignore[no-redef]
@@ -37,6 +37,6 @@ def register() -> None:
         HookRegistry.register(patch.LOAD_MODEL, patch.after_load_model, HookType.AFTER)
         HookRegistry.register(patch.RUN_MOE_CORE, patch.around_run_moe_core, HookType.AROUND)
         log.info("sgl_moe patch registered: expert weight streaming (%s, window %d)%s", cfg.weight_streaming,
-                 cfg.stream_window, f"; expert offload ({cfg.execution}, predictor {cfg.predictor})"
-                 if cfg.expert_offload else "")
+                 cfg.moe.stream_window, f"; expert offload ({cfg.moe.execution}, predictor {cfg.moe.predictor})"
+                 if cfg.moe.expert_offload else "")
     _registered = True

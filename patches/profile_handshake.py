@@ -12,8 +12,8 @@ import os
 from pathlib import Path
 from typing import Any
 
-REQUEST = "request.json"
-PROFILE = "profile.json"
+from sgl_moe.wire import PROFILE_FILE as PROFILE
+from sgl_moe.wire import PROFILE_REQUEST_FILE as REQUEST
 
 
 def _write(path: Path, data: dict[str, Any]) -> None:

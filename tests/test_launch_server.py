@@ -8,7 +8,20 @@ import sys
 import pytest
 
 from sgl_moe import DEFAULT_MODEL_DIR
-from sgl_moe.launch_server import LaunchError, with_defaults
+from sgl_moe.wire import PREDICTOR_DIR, RUNTIME_ENV_VAR
+from sgl_moe.worker.args import MoeArgs
+from sgl_moe.worker.argv import ArgvView
+from sgl_moe.worker.preflight import LaunchError
+from sgl_moe.worker.preflight import with_defaults as _with_defaults
+from sgl_moe.worker.runtime import export_runtime as _export_runtime
+
+
+def with_defaults(argv):
+    return list(_with_defaults(ArgvView(argv)))
+
+
+def export_runtime(argv, moe, cpu_engine):
+    return _export_runtime(ArgvView(argv), moe, cpu_engine)
 
 
 def _launch(*args, timeout=120):
@@ -120,9 +133,7 @@ def test_neighbouring_workers_get_disjoint_event_ports():
 
 def test_streaming_on_a_gpu_refuses_cuda_graphs(monkeypatch):
     """On a GPU, per-layer buffer swaps and CUDA graphs cannot work together: refused before SGLang starts."""
-    from sgl_moe.launch_server import export_runtime
-    from sgl_moe.moe_args import MoeArgs
-    from sgl_moe.patches.runtime_env import ENV_VAR
+    ENV_VAR = RUNTIME_ENV_VAR
 
     monkeypatch.delenv(ENV_VAR, raising=False)
     with pytest.raises(LaunchError, match="--disable-cuda-graph"):
@@ -131,10 +142,9 @@ def test_streaming_on_a_gpu_refuses_cuda_graphs(monkeypatch):
                                  cpu_engine=False)
     import os
 
-    assert json.loads(os.environ[ENV_VAR]) == {"weight_streaming": "host", "stream_window": 3,
-                                               "expert_offload": False, "predictor": "hybrid",
-                                               "execution": "exact", "resident_experts": 0,
-                                               "dual_batch": "off", "dual_batch_always": False,
+    from dataclasses import asdict
+
+    assert json.loads(os.environ[ENV_VAR]) == {"moe": asdict(MoeArgs(weight_streaming="host", stream_window=3)),
                                                "profile_dir": profile_dir}
     monkeypatch.delenv(ENV_VAR)
     assert export_runtime([], MoeArgs(), cpu_engine=True) is None and ENV_VAR not in os.environ
@@ -150,9 +160,9 @@ def test_offload_without_a_predictor_bundle_is_refused_in_one_line(tmp_path):
 
 
 def test_offload_implies_host_streaming_for_prefill(monkeypatch):
-    from sgl_moe.launch_server import export_runtime
-    from sgl_moe.moe_args import MoeArgs
-    from sgl_moe.patches.runtime_env import ENV_VAR, RuntimeConfig
+    from sgl_moe.patches.runtime_env import RuntimeConfig
+
+    ENV_VAR = RUNTIME_ENV_VAR
 
     monkeypatch.delenv(ENV_VAR, raising=False)
     with pytest.raises(LaunchError, match="--moe-expert-offload .*--disable-cuda-graph"):
@@ -160,21 +170,20 @@ def test_offload_implies_host_streaming_for_prefill(monkeypatch):
     export_runtime(["--model-path", str(DEFAULT_MODEL_DIR)],
                    MoeArgs(expert_offload=True, execution="speculative", resident_experts=3), cpu_engine=True)
     cfg = RuntimeConfig.from_env()
-    assert cfg.weight_streaming == "host" and cfg.expert_offload and cfg.execution == "speculative"
-    assert cfg.resident_experts == 3 and cfg.predictor == "hybrid"
+    assert cfg.weight_streaming == "host" and cfg.moe.expert_offload and cfg.moe.execution == "speculative"
+    assert cfg.moe.resident_experts == 3 and cfg.moe.predictor == "hybrid"
 
 
 def test_the_launcher_looks_for_the_bundle_where_training_saves_it():
-    from sgl_moe.launch_server import PREDICTOR_DIR
     from sgl_moe.prediction import bundle
 
     assert bundle.find_bundle(DEFAULT_MODEL_DIR) == DEFAULT_MODEL_DIR / PREDICTOR_DIR
 
 
 def test_dual_batch_refuses_attention_backends_that_plan_per_batch(monkeypatch):
-    from sgl_moe.launch_server import export_runtime
-    from sgl_moe.moe_args import MoeArgs
-    from sgl_moe.patches.runtime_env import ENV_VAR, RuntimeConfig
+    from sgl_moe.patches.runtime_env import RuntimeConfig
+
+    ENV_VAR = RUNTIME_ENV_VAR
 
     monkeypatch.delenv(ENV_VAR, raising=False)
     for argv in ([], ["--attention-backend", "flashinfer"]):  # a GPU's default backend, or a named one
@@ -184,4 +193,4 @@ def test_dual_batch_refuses_attention_backends_that_plan_per_batch(monkeypatch):
         export_runtime(["--attention-backend", "torch_native"], MoeArgs(dual_batch="streams"), cpu_engine=False)
     export_runtime(["--attention-backend", "torch_native", "--disable-cuda-graph"], MoeArgs(dual_batch="streams"),
                    cpu_engine=False)
-    assert RuntimeConfig.from_env().dual_batch == "streams"
+    assert RuntimeConfig.from_env().moe.dual_batch == "streams"

@@ -15,8 +15,10 @@ import torch
 
 from sgl_moe.prediction.estimator import EstimatorConfig, ExpertEstimator
 from sgl_moe.prediction.signals import DefaultVectors
+from sgl_moe.wire import PREDICTOR_DIR
 
-BUNDLE_DIRNAME = "expert_predictor"
+BUNDLE_DIRNAME = PREDICTOR_DIR
+"""Where `python -m sgl_moe.prediction.train` saves the bundle (the name is shared with the launcher via wire)."""
 TENSORS_FILE = "predictor.safetensors"
 META_FILE = "predictor.json"
 FORMAT_VERSION = 1

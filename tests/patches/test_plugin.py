@@ -4,6 +4,7 @@ import subprocess
 import sys
 
 from sgl_moe.patches.runtime_env import ENV_VAR, RuntimeConfig
+from sgl_moe.worker.args import MoeArgs
 
 
 def _registered_hooks(env_value: str | None) -> str:
@@ -25,23 +26,23 @@ def _registered_hooks(env_value: str | None) -> str:
 
 def test_no_configuration_registers_nothing():
     assert _registered_hooks(None) == "[]"
-    assert _registered_hooks(RuntimeConfig(weight_streaming="off").to_env()) == "[]"
+    assert _registered_hooks(RuntimeConfig(MoeArgs()).to_env()) == "[]"
 
 
 def test_host_streaming_registers_the_two_hooks():
-    hooks = _registered_hooks(RuntimeConfig(weight_streaming="host", stream_window=2).to_env())
+    hooks = _registered_hooks(RuntimeConfig(MoeArgs(weight_streaming="host", stream_window=2)).to_env())
     assert "FusedMoE.run_moe_core" in hooks and "ModelRunner.load_model" in hooks
 
 
 def test_expert_offload_registers_its_own_hooks_in_place_of_streamings():
-    code_env = RuntimeConfig(weight_streaming="host", expert_offload=True).to_env()
+    code_env = RuntimeConfig(MoeArgs(expert_offload=True)).to_env()
     hooks = _registered_hooks(code_env)
     assert "FusedMoE.run_moe_core" in hooks and "ModelRunner.load_model" in hooks
     assert "expert_offload" in _hook_owner(code_env)
 
 
 def test_dual_batch_registers_the_model_forward_hook():
-    env = RuntimeConfig(dual_batch="cpu-experts").to_env()
+    env = RuntimeConfig(MoeArgs(dual_batch="cpu-experts")).to_env()
     hooks = _registered_hooks(env)
     assert "Qwen2MoeModel.forward" in hooks and "ModelRunner.load_model" in hooks
     assert "FusedMoE.run_moe_core" not in hooks  # streaming/offload are off

@@ -5,16 +5,18 @@ from __future__ import annotations
 import importlib.metadata
 import json
 import uuid
-from pathlib import Path
 from collections.abc import Callable
+from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
-from sgl_moe import saturation
-from sgl_moe.calibration import Calibrator, WorkerShape
+from sgl_moe import saturation, wire
 from sgl_moe.flops import FlopsModel
-from sgl_moe.moe_args import MoeArgs
 from sgl_moe.saturation import SaturationThreshold
-from sgl_moe.worker_info import INFO_PATH, TOKENIZER_CONFIG_PATH, TOKENIZER_PATH, build_info
+from sgl_moe.wire import DUAL_BATCH_STATS_FILE, INFO_PATH, OFFLOAD_STATS_FILE, TOKENIZER_CONFIG_PATH, TOKENIZER_PATH
+from sgl_moe.worker.args import MoeArgs
+from sgl_moe.worker.info import build_info, with_saturation
+from sgl_moe.worker.theta_calibration import Calibrator, WorkerShape
 
 
 def _hf_config(model_path: str) -> dict[str, Any]:
@@ -50,14 +52,6 @@ def _theta_source(moe: MoeArgs, profile_dir: str | None, base_url: str, shape) -
     return calibrator.current
 
 
-OFFLOAD_STATS_FILE = "offload.json"
-"""Written by the scheduler's offload patch (``patches/expert_offload.py`` STATS_FILE) at most once a second."""
-
-
-DUAL_BATCH_STATS_FILE = "dual_batch.json"
-"""Written by the scheduler's dual micro-batch patch (``patches/dual_batch.py``) at most once a second."""
-
-
 def _offload_counts(moe: MoeArgs, profile_dir: str | None) -> dict[str, Any]:
     """The offload settings and the scheduler's latest counts (hits, misses, bytes moved), if any yet."""
     out: dict[str, Any] = {"predictor": moe.predictor, "execution": moe.execution,
@@ -85,12 +79,12 @@ def install_routes(server_args, moe: MoeArgs, device: str, profile_dir: str | No
     """Register the routes; the info payload is built on first request, after SGLang resolved its args.
 
     With weight streaming on, a calibration thread starts here and profiles the worker once it is healthy."""
-    from fastapi.responses import FileResponse, JSONResponse
+    from fastapi.responses import FileResponse, JSONResponse, Response
     from sglang.srt.arg_groups.overrides import resolving_view
     from sglang.srt.entrypoints.http_server import app
 
     hf_config = _hf_config(server_args.model_path)
-    cache: dict[str, Any] = {}
+    cache: dict[str, wire.WorkerInfo] = {}
     # New on every start: a router that sees it change knows the worker restarted with an empty cache.
     instance_id = uuid.uuid4().hex
 
@@ -108,7 +102,7 @@ def install_routes(server_args, moe: MoeArgs, device: str, profile_dir: str | No
     host = "127.0.0.1" if server_args.host in ("0.0.0.0", "", None, "*") else server_args.host
     theta = _theta_source(moe, profile_dir, f"http://{host}:{server_args.port}", shape)
 
-    def info() -> dict[str, Any]:
+    def info() -> wire.WorkerInfo:
         if "info" not in cache:
             a, step = resolved()
             tokenizer_path = a.tokenizer_path or a.model_path
@@ -121,24 +115,23 @@ def install_routes(server_args, moe: MoeArgs, device: str, profile_dir: str | No
                 sglang_version=importlib.metadata.version("sglang"), moe=moe, theta=theta(),
             )
         current = cache["info"]
-        if current["saturation"].get("state") in ("calibrating",):
+        if current.calibrating:
             latest = theta()
             if latest.state != "calibrating":  # calibration finished: freeze the info with its result
-                current = cache["info"] = {**current, "saturation": {**latest.to_dict(),
-                                                                     "step_tokens": current["saturation"]["step_tokens"]}}
+                current = cache["info"] = with_saturation(current, latest)
         return current
 
-    async def get_info() -> JSONResponse:
+    async def get_info() -> Response:
         payload = info()
         if moe.expert_offload:
-            payload = {**payload, "offload": _offload_counts(moe, profile_dir)}
+            payload = replace(payload, offload=_offload_counts(moe, profile_dir))
         if moe.dual_batch != "off":
-            payload = {**payload, "dual_batch": _dual_batch_counts(moe, profile_dir)}
-        return JSONResponse(payload)
+            payload = replace(payload, dual_batch=_dual_batch_counts(moe, profile_dir))
+        return Response(wire.encode(payload), media_type="application/json")
 
     def tokenizer_file(name: str):
         async def get_file():
-            path = Path(info()["tokenizer"]["path"]) / name
+            path = Path(info().tokenizer.path) / name
             if not path.is_file():
                 return JSONResponse({"error": f"this worker's tokenizer has no {name}"}, status_code=404)
             return FileResponse(path, media_type="application/json")
