@@ -9,7 +9,7 @@ One user class per workload (``MoralUser`` ... ``ArxivUser``, weighted by Table 
 Users are closed-loop (no think time): the load test measures throughput, as in the paper's offline
 pipelines. Every failure is reported to locust with its reason: a non-2xx answer, a result carrying
 ``error``, a malformed answer, a timeout or a connection error. Statistics rows are named
-``<path> <workload>``. Request building and checking live in ``sgl_moe.loadtest_requests``.
+``<path> <workload>``. Request building and checking live in ``sgl_moe.loadtest.traffic``.
 
 Options (each with an environment fallback): ``--api classify|generate`` (``SGL_MOE_API``),
 ``--workload-scale`` (``SGL_MOE_WORKLOAD_SCALE``), ``--workload-seed`` (``SGL_MOE_WORKLOAD_SEED``),
@@ -26,8 +26,8 @@ from locust.env import Environment
 from locust.runners import WorkerRunner
 from locust.stats import PERCENTILES_TO_REPORT, StatsCSV
 
-from sgl_moe.loadtest_requests import (APIS, CLASSIFY_PATH, GENERATE_PATH, StreamOptions, TaskStream, check_classify,
-                                       check_generate, classify_body, generate_bodies, request_name, user_weight)
+from sgl_moe.loadtest.traffic import (APIS, CLASSIFY_PATH, GENERATE_PATH, StreamOptions, TaskStream, check_classify,
+                                      check_generate, classify_body, generate_bodies, request_name, user_weight)
 from sgl_moe.workloads import WORKLOADS
 
 HEADERS = {"content-type": "application/json"}

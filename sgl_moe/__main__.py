@@ -1,5 +1,5 @@
-"""``python -m sgl_moe``: the main job on the embedded default (see sgl_moe.demo)."""
+"""``python -m sgl_moe``: the main job on the embedded default (see sgl_moe.harness.demo)."""
 
-from sgl_moe.demo import main
+from sgl_moe.harness.demo import main
 
 raise SystemExit(main())

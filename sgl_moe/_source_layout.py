@@ -1,10 +1,10 @@
-"""Resolve ``sgl_moe.router`` / ``sgl_moe.patches`` when ``sgl_moe`` is imported from a source checkout.
+"""Resolve ``sgl_moe.router`` / ``.patches`` / ``.loadtest`` when ``sgl_moe`` is imported from a source checkout.
 
-The user's layout keeps ``router/`` and ``patches/`` at the repository top level; setuptools'
-``package-dir`` maps them into the package in every install. But with the checkout's root on
+The user's layout keeps ``router/``, ``patches/`` and ``loadtest/`` at the repository top level;
+setuptools' ``package-dir`` maps them into the package in every install. But with the checkout's root on
 ``sys.path`` (``python -m ...`` run from the root), Python imports ``sgl_moe`` from the source folder,
 which does not contain them. This finder, consulted only after the normal ones failed, maps exactly
-those two names to the top-level folders; it never makes ``router`` or ``patches`` importable bare.
+those names to the top-level folders; it never makes ``router``, ``patches`` or ``loadtest`` importable bare.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import importlib.util
 import sys
 from pathlib import Path
 
-MAPPED = {"sgl_moe.router": "router", "sgl_moe.patches": "patches"}
+MAPPED = {"sgl_moe.router": "router", "sgl_moe.patches": "patches", "sgl_moe.loadtest": "loadtest"}
 
 
 class SourceLayoutFinder(importlib.abc.MetaPathFinder):

@@ -36,7 +36,7 @@ fi
 
 # A strict editable install links each module file; relink when modules are added or removed.
 mods_stamp=.venv/.sgl_moe-modules
-mods_hash=$(find sgl_moe router patches -type f \( -name '*.py' -o -path '*/models/*' \) -not -path '*/__pycache__/*' \
+mods_hash=$(find sgl_moe router patches loadtest -type f \( -name '*.py' -o -path '*/models/*' \) -not -path '*/__pycache__/*' \
     | sort | sha256sum | cut -d' ' -f1)
 if [ "$(cat "$mods_stamp" 2>/dev/null)" != "$mods_hash" ]; then
     echo "[bootstrap] relinking the editable install (module list changed)"

@@ -14,13 +14,13 @@ from pathlib import Path
 
 import httpx
 
+from sgl_moe.harness.router_client import metric
+from sgl_moe.harness.worker_process import WorkerProcess
 from sgl_moe.policy_bench.driver import run_stream
 from sgl_moe.policy_bench.report import summarize, table, targets
 from sgl_moe.policy_bench.routers import OURS, POLICIES, RouterUnderTest, flush_caches, label
-from sgl_moe.router_client import metric
 from sgl_moe.policy_bench.stream import build_stream, oracle_cached_tokens
 from sgl_moe.router.router_tokenizer import RouterTokenizer
-from sgl_moe.worker_process import WorkerProcess
 from sgl_moe.workloads import WORKLOADS, WorkloadConfig
 
 

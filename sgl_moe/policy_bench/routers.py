@@ -10,8 +10,8 @@ from pathlib import Path
 
 import httpx
 
-from sgl_moe.router_process import RouterProcess
-from sgl_moe.worker_process import free_port, stop_process_group
+from sgl_moe.harness.router_process import RouterProcess
+from sgl_moe.harness.worker_process import free_port, stop_process_group
 
 OURS = ("longest_block_match", "round_robin", "least_flops")
 SGLANG_ROUTER = ("cache_aware", "power_of_two")

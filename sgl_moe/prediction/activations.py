@@ -93,8 +93,7 @@ def token_windows(model_dir: Path | str, split: Split, num_tokens: int, window: 
     """
     from tokenizers import Tokenizer
 
-    from sgl_moe.training.corpus import load_corpus
-    from sgl_moe.training.train import tokenize_docs
+    from sgl_moe.training.corpus import load_corpus, tokenize_docs
 
     corpus = load_corpus()
     docs = list(corpus.train if split == "train" else corpus.heldout)

@@ -2,6 +2,7 @@
 
 Available offline on every machine that runs Python, so the shipped model can be rebuilt anywhere.
 Files are split into train / held-out by a stable hash of their relative path, never by position.
+``tokenize_docs`` turns documents into the one EOS-separated token stream the model is trained and measured on.
 """
 
 from __future__ import annotations
@@ -57,3 +58,12 @@ def load_corpus(root: Path | None = None, heldout_every: int = 20, max_file_char
             continue
         (heldout if _is_heldout(rel.as_posix(), heldout_every) else train).append(text)
     return CorpusSplit(train=train, heldout=heldout)
+
+
+def tokenize_docs(tokenizer, docs: list[str], eos_id: int) -> list[int]:
+    """Concatenate documents into one token stream, each followed by EOS."""
+    stream: list[int] = []
+    for enc in tokenizer.encode_batch(docs, add_special_tokens=False):
+        stream.extend(enc.ids)
+        stream.append(eos_id)
+    return stream

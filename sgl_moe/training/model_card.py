@@ -42,8 +42,7 @@ def measure(model_dir: Path, max_heldout_tokens: int = 200_000, max_fit_tokens: 
     from tokenizers import Tokenizer
     from transformers import Qwen3MoeForCausalLM
 
-    from sgl_moe.training.corpus import load_corpus
-    from sgl_moe.training.train import tokenize_docs
+    from sgl_moe.training.corpus import load_corpus, tokenize_docs
 
     torch.set_num_threads(2)
     model = Qwen3MoeForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()

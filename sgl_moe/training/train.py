@@ -64,15 +64,6 @@ def hf_config(cfg: TrainConfig):
     )
 
 
-def tokenize_docs(tokenizer, docs: list[str], eos_id: int) -> list[int]:
-    """Concatenate documents into one token stream, each followed by EOS."""
-    stream: list[int] = []
-    for enc in tokenizer.encode_batch(docs, add_special_tokens=False):
-        stream.extend(enc.ids)
-        stream.append(eos_id)
-    return stream
-
-
 def train(out_dir: Path, cfg: TrainConfig, stop_after: int | None = None) -> list[dict]:
     """Train and save to ``out_dir``; returns the loss log.
 
@@ -83,7 +74,7 @@ def train(out_dir: Path, cfg: TrainConfig, stop_after: int | None = None) -> lis
     from tokenizers import Tokenizer
     from transformers import Qwen3MoeForCausalLM
 
-    from sgl_moe.training.corpus import load_corpus
+    from sgl_moe.training.corpus import load_corpus, tokenize_docs
     from sgl_moe.training.tokenizer import export_hf_tokenizer, train_sentencepiece
 
     random.seed(cfg.seed)

@@ -1,6 +1,6 @@
 """The bulk classify client against an in-process stand-in for the router's /v1/classify (contract A).
 
-The stand-in (sgl_moe.fake_router) parses tasks with the router's own code and answers with hashed
+The stand-in (doubles.fake_router) parses tasks with the router's own code and answers with hashed
 probabilities, so these tests isolate the client: batching, the journal and resume, 400 splitting,
 429 back-off, bad input lines, progress and exit codes.
 """
@@ -17,10 +17,11 @@ from pathlib import Path
 
 import pytest
 
-from sgl_moe.classify_cli import main
-from sgl_moe.classify_journal import Journal, read_journal
-from sgl_moe.classify_progress import Progress
-from sgl_moe.fake_router import FakeRouter
+from sgl_moe.classify.cli import main
+from sgl_moe.classify.journal import Journal, read_journal
+from sgl_moe.classify.progress import Progress
+
+from doubles.fake_router import FakeRouter
 
 
 def task(i: int, **extra) -> dict:
@@ -249,7 +250,7 @@ def test_changed_input_line_is_sent_again(tmp_path, fake, capsys):
 
 
 def test_the_client_imports_neither_torch_nor_sglang():
-    code = ("import sys, sgl_moe.classify, sgl_moe.classify_cli\n"
+    code = ("import sys, sgl_moe.classify, sgl_moe.classify.cli\n"
             "heavy = [m for m in ('torch', 'sglang', 'transformers') if m in sys.modules]\n"
             "sys.exit(f'imported {heavy}' if heavy else 0)\n")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)

@@ -1,4 +1,4 @@
-"""The locustfile and its runner against an in-process stand-in for the router (sgl_moe.fake_router).
+"""The locustfile and its runner against an in-process stand-in for the router (doubles.fake_router).
 
 The stand-in isolates the locustfile: these tests check that it replays contract B's seeded stream,
 that every failure (error results, 5xx, timeouts) reaches locust's statistics with its reason, and that
@@ -12,11 +12,12 @@ from itertools import islice
 import orjson
 import pytest
 
-from sgl_moe import loadtest_requests as lr
-from sgl_moe.fake_router import FakeRouter
-from sgl_moe.loadtest import LoadTestConfig, main, read_stats
+from sgl_moe.loadtest import traffic as lr
+from sgl_moe.loadtest.runner import LoadTestConfig, main, read_stats
 from sgl_moe.router.prefill_tasks import expand_text
 from sgl_moe.workloads import WORKLOADS, WorkloadConfig, generate, to_task
+
+from doubles.fake_router import FakeRouter
 
 USERS = 2
 

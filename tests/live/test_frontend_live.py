@@ -10,7 +10,6 @@ import pytest
 
 from sgl_moe.workloads import WorkloadConfig, generate, to_task
 
-pytestmark = pytest.mark.worker
 
 
 def run(args, timeout=600):

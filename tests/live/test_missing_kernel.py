@@ -11,9 +11,8 @@ import textwrap
 import pytest
 
 from sgl_moe import cpu_compat
-from sgl_moe.worker_process import WorkerProcess, WorkerStartError
+from sgl_moe.harness.worker_process import WorkerProcess, WorkerStartError
 
-pytestmark = pytest.mark.worker
 
 SITECUSTOMIZE = textwrap.dedent('''
     import importlib.abc, importlib.util, os, sys

@@ -1,6 +1,6 @@
 """``python -m sgl_moe.loadtest --host URL``: run the locust load test headless, summarise it, gate on failures.
 
-Runs ``locust -f loadtest/locustfile.py --headless`` with the user class(es) of ``--workload``, writes
+Runs ``locust -f <this package>/locustfile.py --headless`` with the user class(es) of ``--workload``, writes
 locust's CSV files under the ``--csv`` prefix, prints one line per statistics row (requests, failures,
 requests/s, p50, p99) and the commonest failure reasons, and exits 1 when the failure ratio exceeds
 ``--max-failure-ratio`` (default 0.01: a load test tolerates the odd failure, e.g. a request cut off by
@@ -18,11 +18,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-import sgl_moe
 from sgl_moe.cli_args import add_dataclass_args, from_namespace
 
-LOCUSTFILE = Path(sgl_moe.__file__).resolve().parent.parent / "loadtest" / "locustfile.py"
-"""The locustfile of a source checkout (``loadtest/`` is not part of the installed package)."""
+LOCUSTFILE = Path(__file__).resolve().parent / "locustfile.py"
+"""The package's locustfile (installed with it, beside this module)."""
 
 CLASS_OF = {"mix": "MixUser", "moral": "MoralUser", "mmlu": "MmluUser", "boolq": "BoolqUser",
             "imdb": "ImdbUser", "quality": "QualityUser", "arxiv": "ArxivUser"}
@@ -76,7 +75,7 @@ class LoadTestConfig:
         if not 0 <= self.max_failure_ratio <= 1:
             raise ValueError(f"--max-failure-ratio must be in [0, 1], got {self.max_failure_ratio}")
         if not Path(self.locustfile).is_file():
-            raise ValueError(f"locustfile {self.locustfile} not found (run from a source checkout or pass --locustfile)")
+            raise ValueError(f"locustfile {self.locustfile} not found")
 
     def command(self) -> list[str]:
         return [sys.executable, "-m", "locust", "-f", self.locustfile, "--headless", "--only-summary",

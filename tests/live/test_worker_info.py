@@ -8,7 +8,6 @@ import pytest
 from sgl_moe import DEFAULT_MODEL_DIR
 from sgl_moe.flops import FlopsModel
 
-pytestmark = pytest.mark.worker
 
 
 def test_info_describes_the_worker(worker):

@@ -10,7 +10,6 @@ import zmq
 from sgl_moe.router.block_hash import block_hashes
 from sgl_moe.router.kv_events import BlockStored, decode_frames
 
-pytestmark = pytest.mark.worker
 
 
 def _fresh_prompt(seed, length):

@@ -17,7 +17,6 @@ import pytest
 
 from sgl_moe import DEFAULT_MODEL_DIR
 
-pytestmark = pytest.mark.worker
 
 TOLERANCE = 1e-4
 

@@ -13,7 +13,7 @@ from typing import Any
 
 import httpx
 
-from sgl_moe.worker_process import free_port, stop_process_group
+from sgl_moe.harness.worker_process import free_port, stop_process_group
 
 
 class RouterStartError(RuntimeError):

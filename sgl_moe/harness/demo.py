@@ -18,7 +18,7 @@ from pathlib import Path
 
 import httpx
 
-from sgl_moe.worker_process import WorkerProcess, WorkerStartError
+from sgl_moe.harness.worker_process import WorkerProcess, WorkerStartError
 
 SHARED_PREFIX = '"""Utilities for working with files and paths."""\n\nimport os\nimport sys\n\n\n'
 EXAMPLES: list[tuple[str, list[str]]] = [
@@ -106,7 +106,7 @@ def classify_demo(client: httpx.Client) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from sgl_moe.router_process import RouterProcess, RouterStartError
+    from sgl_moe.harness.router_process import RouterProcess, RouterStartError
 
     parser = argparse.ArgumentParser(prog="python -m sgl_moe", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)

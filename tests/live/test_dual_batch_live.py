@@ -18,7 +18,6 @@ import random
 import httpx
 import pytest
 
-pytestmark = pytest.mark.worker
 
 
 @pytest.fixture(scope="module", params=["cpu-experts", "streams"])

@@ -16,7 +16,6 @@ import pytest
 from sgl_moe.router.prefill_tasks import choice_prompt, multi_suffix
 from sgl_moe.router.router_tokenizer import RouterTokenizer
 
-pytestmark = pytest.mark.worker
 
 TOL = 1e-5
 
@@ -30,7 +29,7 @@ def tok(cluster):
 
 @pytest.fixture(scope="module")
 def router(cluster, tmp_path_factory):
-    from sgl_moe.router_process import RouterProcess
+    from sgl_moe.harness.router_process import RouterProcess
     r = RouterProcess(log_path=tmp_path_factory.mktemp("classify") / "router.log",
                       worker_urls=[w.url for w in cluster], args=["--log-level", "debug"])
     r.start()

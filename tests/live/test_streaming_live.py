@@ -15,9 +15,8 @@ import httpx
 import pytest
 
 from sgl_moe.flops import FlopsModel
-from sgl_moe.router_process import RouterProcess
+from sgl_moe.harness.router_process import RouterProcess
 
-pytestmark = pytest.mark.worker
 
 
 @pytest.fixture(scope="module")

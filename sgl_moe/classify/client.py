@@ -26,8 +26,8 @@ from typing import Any
 import aiohttp
 import orjson
 
-from sgl_moe.classify_journal import Journal, count_input, iter_input, parse_task, read_journal
-from sgl_moe.classify_progress import Progress
+from sgl_moe.classify.journal import Journal, count_input, iter_input, parse_task, read_journal
+from sgl_moe.classify.progress import Progress
 
 BUSY = (429, 503)
 MAX_BACKOFF_S = 30.0

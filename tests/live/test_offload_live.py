@@ -16,7 +16,6 @@ import random
 import httpx
 import pytest
 
-pytestmark = pytest.mark.worker
 
 _FLAGS = ["--moe-expert-offload", "--max-total-tokens", "16384"]
 

@@ -12,11 +12,10 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import httpx
 import pytest
 
-from sgl_moe.router_client import generate, wait_until
-from sgl_moe.router_client import metric as _metric
-from sgl_moe.router_client import workers as _workers
+from sgl_moe.harness.router_client import generate, wait_until
+from sgl_moe.harness.router_client import metric as _metric
+from sgl_moe.harness.router_client import workers as _workers
 
-pytestmark = pytest.mark.worker
 
 
 def workers_state(router):

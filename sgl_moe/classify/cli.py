@@ -14,7 +14,7 @@ from pathlib import Path
 
 import aiohttp
 
-from sgl_moe.classify_client import ClassifyConfig, ClassifyRun
+from sgl_moe.classify.client import ClassifyConfig, ClassifyRun
 from sgl_moe.cli_args import add_dataclass_args, from_namespace
 
 USAGE_ERROR = 2

@@ -1,6 +1,0 @@
-"""``python -m sgl_moe.classify FILE --router URL``: the bulk classification client (see sgl_moe.classify_cli)."""
-
-from sgl_moe.classify_cli import main
-
-if __name__ == "__main__":
-    raise SystemExit(main())
