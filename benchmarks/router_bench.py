@@ -28,18 +28,20 @@ import aiohttp
 from aiohttp import web
 
 from sgl_moe import DEFAULT_MODEL_DIR
+from sgl_moe import saturation, wire
 from sgl_moe.flops import FlopsModel
-from sgl_moe.moe_args import MoeArgs
+from sgl_moe.harness.router_process import RouterProcess
+from sgl_moe.harness.worker_process import free_port
 from sgl_moe.router.block_hash import block_hashes
 from sgl_moe.router.block_index import BlockIndex
 from sgl_moe.router.config import RouterConfig
 from sgl_moe.router.pending import PendingLedger
-from sgl_moe.router.scheduler import Job, Scheduler
+from sgl_moe.router.job import Job
+from sgl_moe.router.scheduler import Scheduler
 from sgl_moe.router.service import tune_gc
-from sgl_moe.router.workers import Worker
-from sgl_moe.router_process import RouterProcess
-from sgl_moe.worker_info import build_info
-from sgl_moe.worker_process import free_port
+from sgl_moe.router.worker import Worker
+from sgl_moe.worker.args import MoeArgs
+from sgl_moe.worker.info import build_info
 
 PAGE = 16
 
@@ -64,7 +66,9 @@ def decision_benchmark(n_workers: int, prompt_tokens: int, n_requests: int, seed
     index = BlockIndex()
     ledger = PendingLedger(index, ttl_s=10)
     theta = flops.request_flops(0, prompt_tokens) * 8
-    workers = [Worker(id=f"w{i}", url="", info={"page_size": PAGE}, flops=flops, theta=theta, theta_source="bench",
+    info = wire.WorkerInfo(model_name="bench", page_size=PAGE, flops=flops,
+                           saturation=wire.SaturationInfo(flops=theta, source="bench", state="fixed"))
+    workers = [Worker(id=f"w{i}", url="", info=info, flops=flops, theta=theta, theta_source="bench",
                       slots={0: index.add_target()}) for i in range(n_workers)]
     # Each worker holds 4 distinct 4096-token documents; requests share a random-length prefix with one.
     docs = []
@@ -88,7 +92,7 @@ def decision_benchmark(n_workers: int, prompt_tokens: int, n_requests: int, seed
         keys = block_hashes(prompt, PAGE)
         hash_s.append(time.perf_counter() - t0)
         job = Job(rid=str(i), prompt_lens=[len(prompt)], keys=[keys])
-        placement = sched._try_place(job)
+        placement = sched.try_place(job)
         assert placement is not None
         decide_s.append(placement.decision_s)
         in_flight.append(placement)
@@ -106,7 +110,9 @@ def stand_in_worker_app() -> web.Application:
     info = build_info(model_name=str(DEFAULT_MODEL_DIR), model_path=str(DEFAULT_MODEL_DIR),
                       tokenizer_path=str(DEFAULT_MODEL_DIR), hf_config=config, instance_id="bench",
                       context_length=4096, page_size=PAGE, step_tokens=4096, dp_size=1, kv_events_config=None,
-                      prefix_caching=True, device="none", sglang_version="stand-in", moe=MoeArgs())
+                      prefix_caching=True, device="none", sglang_version="stand-in", moe=MoeArgs(),
+                      theta=saturation.without_transfer(FlopsModel.from_hf_config(config).request_flops(0, 4096),
+                                                        4096, 1.0))
     reply = json.dumps({"text": "x", "output_ids": [5], "meta_info": {"prompt_tokens": 1, "cached_tokens": 0}})
     tok = (DEFAULT_MODEL_DIR / "tokenizer.json").read_bytes()
     tok_cfg = (DEFAULT_MODEL_DIR / "tokenizer_config.json").read_bytes()
@@ -116,7 +122,7 @@ def stand_in_worker_app() -> web.Application:
         return web.Response(text=reply, content_type="application/json")
 
     app = web.Application()
-    app.router.add_get("/sgl_moe/info", lambda r: web.json_response(info))
+    app.router.add_get(wire.INFO_PATH, lambda r: web.Response(body=wire.encode(info), content_type="application/json"))
     app.router.add_get("/sgl_moe/tokenizer.json", lambda r: web.Response(body=tok, content_type="application/json"))
     app.router.add_get("/sgl_moe/tokenizer_config.json",
                        lambda r: web.Response(body=tok_cfg, content_type="application/json"))

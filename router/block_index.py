@@ -18,7 +18,12 @@ from collections.abc import Iterable, Sequence
 
 
 class BlockIndex:
-    """Owns every target's committed and pending tables; targets are small integer slots."""
+    """Owns every target's committed and pending tables; targets are small integer slots.
+
+    Every mutation goes through ``add_target``, ``remove_target``, ``store``, ``remove``, ``clear_committed``,
+    ``promise`` or ``retire``. Hook for the simulator: its ``LoggedBlockIndex`` overrides those methods (and
+    ``match_groups``) to stamp and report each mutation, and reads ``holders``.
+    """
 
     def __init__(self) -> None:
         self._committed: dict[int, set[int]] = {}
@@ -123,6 +128,10 @@ class BlockIndex:
                 groups.append((len(hashes), live))
         groups.reverse()
         return groups
+
+    def holders(self, h: int) -> int:
+        """Mask of the targets holding block ``h`` (committed or pending); hook: the simulator's memo reads it."""
+        return self._index.get(h, 0)
 
     def committed_prefix(self, slot: int, hashes: Sequence[int]) -> int:
         """Leading blocks of ``hashes`` in the target's committed table alone."""

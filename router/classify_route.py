@@ -19,8 +19,12 @@ from typing import TYPE_CHECKING
 import orjson
 from aiohttp import web
 
+from sgl_moe.router.chat_prompt import chat_prompt
+from sgl_moe.router.errors import RequestError, error_body, error_response, request_error_response
+from sgl_moe.router.parsed_request import ParsedRequest
 from sgl_moe.router.prefill_tasks import ScorePlan, Task, TaskError, combine, parse_tasks, plan_score, read_score
-from sgl_moe.router.request_parsing import RequestError, _chat_prompt, _check_model, parse_request
+from sgl_moe.router.request_fields import check_model
+from sgl_moe.router.request_parsing import parse_request
 from sgl_moe.router.router_tokenizer import RouterTokenizer
 
 if TYPE_CHECKING:
@@ -33,17 +37,14 @@ UNITS_IN_FLIGHT = 256
 """Units of one call dispatched at once; the rest wait here, so one big batch cannot fill the router's queue."""
 
 
-@dataclass
+@dataclass(frozen=True)
 class PlannedUnit:
+    """One ``/v1/score`` call of a task, validated and tokenized before anything is sent."""
+
     task: Task
     plan: ScorePlan
-    parsed: object
+    parsed: ParsedRequest
     prompt_tokens: int
-
-
-def _error(status: int, message: str, param: str | None = None, kind: str = "invalid_request_error") -> web.Response:
-    body = {"error": {"message": message, "type": kind, "param": param, "code": status}}
-    return web.Response(body=orjson.dumps(body), status=status, content_type="application/json")
 
 
 def _unit_ids(task: Task, suffix: str, tok: RouterTokenizer) -> list[int]:
@@ -52,7 +53,7 @@ def _unit_ids(task: Task, suffix: str, tok: RouterTokenizer) -> list[int]:
         return tok.encode(task.prompt + suffix)  # SGLang: tokenizer(f"{query}{item}"), specials added
     if task.input_ids is not None:
         return task.input_ids + (tok.encode_plain(suffix) if suffix else [])
-    ids, _ = _chat_prompt(tok, task.messages, {}, {})
+    ids, _ = chat_prompt(tok, task.messages, {}, {})
     return ids + (tok.encode_plain(suffix) if suffix else [])
 
 
@@ -107,23 +108,23 @@ async def classify(router: "Router", request: web.Request) -> web.Response:
 async def _classify(router: "Router", request: web.Request) -> web.Response:
     pool = router.pool
     if pool.tokenizer is None:
-        return _error(503, "no worker is registered yet", kind="unavailable")
+        return error_response(503, "no worker is registered yet", kind="unavailable")
     if not pool.tokenizer.exact:
-        return _error(501, "/v1/classify needs token ids that match the worker's tokenizer exactly, and the router "
-                      f"cannot reproduce this model's tokenizer class; use /v1/score directly", kind="not_supported")
+        return error_response(501, "/v1/classify needs token ids that match the worker's tokenizer exactly, and the "
+                              "router cannot reproduce this model's tokenizer class; use /v1/score directly",
+                              kind="not_supported")
     try:
         body = orjson.loads(await request.read())
     except orjson.JSONDecodeError as exc:
-        return _error(400, f"the request body is not valid JSON: {exc}")
+        return error_response(400, f"the request body is not valid JSON: {exc}")
     try:
         tasks, model, batch = parse_tasks(body)
-        _check_model({"model": model}, pool.model_name)
+        check_model({"model": model}, pool.model_name)
         planned = plan_units(router, tasks, model, batch)
     except TaskError as exc:
-        return _error(400, exc.message, exc.param)
+        return error_response(400, exc.message, param=exc.param)
     except RequestError as exc:
-        return _error(exc.status, exc.message, exc.param,
-                      kind="not_found_error" if exc.status == 404 else "invalid_request_error")
+        return request_error_response(exc)
     rid = request.headers.get("x-request-id") or uuid.uuid4().hex
     headers = {"content-type": "application/json"}
     if "authorization" in request.headers:
@@ -134,7 +135,7 @@ async def _classify(router: "Router", request: web.Request) -> web.Response:
         body_bytes = orjson.dumps(unit.parsed.body)
         async with gate:
             resp = await router.run(urid, unit.parsed,
-                                    lambda p: router._forward(SCORE, body_bytes, headers, p, unit.parsed))
+                                    lambda p: router.forward(SCORE, body_bytes, headers, p, unit.parsed))
         payload = orjson.loads(resp.body) if resp.body else {}
         if resp.status != 200:
             message = (payload.get("error") or {}).get("message") if isinstance(payload, dict) else None
@@ -171,7 +172,6 @@ async def _classify(router: "Router", request: web.Request) -> web.Response:
     if status == 429:
         extra["Retry-After"] = results[0]["error"].get("retry_after") or "1"
     if status != 200:
-        out["error"] = {"message": results[0]["error"]["message"], "type": "request_failed", "param": None,
-                        "code": status}
+        out["error"] = error_body(status, results[0]["error"]["message"], kind="request_failed")
         log.warning("classify %s: every task failed (%s)", rid, out["error"]["message"])
     return web.Response(body=orjson.dumps(out), status=status, content_type="application/json", headers=extra)

@@ -18,7 +18,7 @@ from bisect import bisect_left, bisect_right, insort
 from collections.abc import Callable
 from operator import itemgetter
 
-from sgl_moe.router.workers import Worker
+from sgl_moe.router.worker import Worker
 
 _inflight = itemgetter(0)
 

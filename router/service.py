@@ -11,6 +11,7 @@ import gc
 import logging
 import time
 import uuid
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import aiohttp
@@ -21,11 +22,15 @@ from sgl_moe.router.block_hash import block_hashes, salt_seed
 from sgl_moe.router.block_index import BlockIndex
 from sgl_moe.router.classify_route import classify
 from sgl_moe.router.config import RouterConfig
+from sgl_moe.router.errors import RequestError, WorkerFailure, error_response, json_errors, request_error_response
+from sgl_moe.router.job import Job, Placement
 from sgl_moe.router.metrics import RouterMetrics
+from sgl_moe.router.parsed_request import ParsedRequest
 from sgl_moe.router.pending import PendingLedger
-from sgl_moe.router.request_parsing import ParsedRequest, RequestError, parse_request
-from sgl_moe.router.scheduler import Job, NoWorkers, Placement, QueueFull, QueueTimeout, Scheduler
-from sgl_moe.router.workers import WorkerError, WorkerPool
+from sgl_moe.router.request_parsing import parse_request
+from sgl_moe.router.scheduler import NoWorkers, QueueFull, QueueTimeout, Scheduler
+from sgl_moe.router.worker import WorkerError
+from sgl_moe.router.worker_pool import WorkerPool
 
 log = logging.getLogger("sgl_moe.router")
 
@@ -34,21 +39,9 @@ FORWARDED_HEADERS = ("authorization", "x-data-parallel-rank")
 RESPONSE_HEADERS = ("content-type",)
 
 
-class WorkerFailure(Exception):
-    """The worker did not produce a usable answer (transport error or 5xx)."""
-
-    def __init__(self, message: str, transport: bool) -> None:
-        super().__init__(message)
-        self.transport = transport
-
-
-def error_response(status: int, message: str, *, kind: str = "invalid_request_error", param: str | None = None,
-                   headers: dict[str, str] | None = None) -> web.Response:
-    body = {"error": {"message": message, "type": kind, "param": param, "code": status}}
-    return web.Response(body=orjson.dumps(body), status=status, content_type="application/json", headers=headers)
-
-
 class Router:
+    """The app's state and handlers; ``run`` and ``forward`` are the hooks other routes (classify) use."""
+
     def __init__(self, cfg: RouterConfig) -> None:
         self.cfg = cfg
         self.index = BlockIndex()
@@ -120,8 +113,7 @@ class Router:
             parsed = parse_request(endpoint, raw, tokenizer=pool.tokenizer, served_model_name=pool.model_name,
                                    context_length=pool.context_length)
         except RequestError as exc:
-            return error_response(exc.status, exc.message, param=exc.param,
-                                  kind="not_found_error" if exc.status == 404 else "invalid_request_error")
+            return request_error_response(exc)
         self.metrics.tokenize_seconds.observe(time.perf_counter() - t_tok)
         body = orjson.dumps(parsed.body)
         headers = {"content-type": "application/json"}
@@ -130,9 +122,10 @@ class Router:
                 headers[h] = request.headers[h]
         if parsed.stream:
             return await self.run(rid, parsed, lambda p: self._stream(request, endpoint, body, headers, p))
-        return await self.run(rid, parsed, lambda p: self._forward(endpoint, body, headers, p, parsed))
+        return await self.run(rid, parsed, lambda p: self.forward(endpoint, body, headers, p, parsed))
 
-    async def run(self, rid: str, parsed: ParsedRequest, call) -> web.StreamResponse:
+    async def run(self, rid: str, parsed: ParsedRequest,
+                  call: Callable[[Placement], Awaitable[web.StreamResponse]]) -> web.StreamResponse:
         """Place the request, run ``call(placement)``, and retry a failed prefill-only request once elsewhere.
 
         Every router-side refusal (queue full, queue timeout, no workers, worker failure) becomes a JSON error
@@ -195,8 +188,13 @@ class Router:
                 "x-sgl-moe-predicted-cached-tokens": str(placement.predicted_cached_tokens),
                 "x-sgl-moe-queue-ms": f"{placement.queued_s * 1e3:.1f}"}
 
-    async def _forward(self, endpoint: str, body: bytes, headers: dict[str, str], placement: Placement,
-                       parsed: ParsedRequest) -> web.Response:
+    async def forward(self, endpoint: str, body: bytes, headers: dict[str, str], placement: Placement,
+                      parsed: ParsedRequest) -> web.Response:
+        """POST ``body`` to the placed worker; answer with its status and body byte for byte, plus our headers.
+
+        For use as ``run``'s ``call``: it releases ``placement`` whatever happens, and raises
+        WorkerFailure (which ``run`` answers or retries) when the worker gives no usable answer.
+        """
         worker = placement.worker
         ok = False
         try:
@@ -320,21 +318,6 @@ class Router:
         self.scheduler.pump()  # queued requests excluded from nothing may now find no worker: answer them
         return web.Response(body=orjson.dumps({"removed": worker.id, "url": worker.url}),
                             content_type="application/json")
-
-
-@web.middleware
-async def json_errors(request: web.Request, handler):
-    """Unknown paths and methods get JSON errors like every other router answer."""
-    try:
-        return await handler(request)
-    except web.HTTPNotFound:
-        return error_response(404, f"{request.method} {request.path} is not served by the router",
-                              kind="not_found_error")
-    except web.HTTPMethodNotAllowed as exc:
-        return error_response(405, f"{request.method} is not allowed on {request.path} "
-                                   f"(allowed: {', '.join(sorted(exc.allowed_methods))})")
-    except web.HTTPRequestEntityTooLarge as exc:
-        return error_response(413, f"request body too large: {exc.text}")
 
 
 def tune_gc() -> None:

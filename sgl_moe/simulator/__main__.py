@@ -15,12 +15,12 @@ from dataclasses import asdict, fields
 from pathlib import Path
 
 from sgl_moe.cli_args import add_dataclass_args
-from sgl_moe.simulator.calibration import PRESETS, load
 from sgl_moe.simulator.experiments import (compare_bench, compare_policies, compare_table, sweep_table,
                                            theta_sweep)
 from sgl_moe.simulator.report import machine, table
 from sgl_moe.simulator.simulation import POLICIES, SimConfig
 from sgl_moe.simulator.sglang_router_model import CacheAwareConfig
+from sgl_moe.simulator.timing_model import PRESETS, load
 from sgl_moe.workloads import WORKLOADS, WorkloadConfig
 
 
@@ -30,7 +30,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--workers", type=int, nargs="+", default=[8, 64, 256], help="worker counts (default 8 64 256)")
     p.add_argument("--policies", nargs="+", default=["all"], choices=["all", *POLICIES])
     p.add_argument("--calibration", default=None,
-                   help=f"a preset ({', '.join(PRESETS)}) or a JSON from python -m sgl_moe.simulator.calibrate "
+                   help=f"a preset ({', '.join(PRESETS)}) or a JSON from python -m sgl_moe.simulator.fit_timing "
                         "(default: cpu_tiny with --compare, else h100_30b)")
     p.add_argument("--requests", type=int, default=100_000, help="workload tasks (a multi task is several prefills)")
     p.add_argument("--workloads", default="mix", help=f"'mix' or comma-separated names from {','.join(WORKLOADS)}")

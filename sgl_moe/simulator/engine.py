@@ -27,9 +27,9 @@ from __future__ import annotations
 from collections import deque
 from typing import Protocol
 
-from sgl_moe.simulator.calibration import Calibration
 from sgl_moe.simulator.kv_cache import KVCacheModel
 from sgl_moe.simulator.timeline import Timeline
+from sgl_moe.simulator.timing_model import Calibration
 from sgl_moe.simulator.units import SimUnit
 
 

@@ -19,8 +19,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Any
 
-from sgl_moe.simulator.calibration import Calibration
 from sgl_moe.simulator.simulation import SimConfig, SimResult, Simulation
+from sgl_moe.simulator.timing_model import Calibration
 from sgl_moe.simulator.units import FrozenUnits, TokenIds, UnitStream
 from sgl_moe.workloads import WORKLOADS, WorkloadConfig
 

@@ -1,4 +1,4 @@
-"""``python -m sgl_moe.simulator.calibrate --worker-url URL``: time a running worker, fit the simulator's model.
+"""``python -m sgl_moe.simulator.fit_timing --worker-url URL``: time a running worker, fit the simulator's model.
 
 A few ``/generate`` calls (one output token) with random token ids: prompts of several lengths sent
 cold, then again (cached but the last page), then with half of them cached; and one burst of short
@@ -30,7 +30,7 @@ import httpx
 import numpy as np
 
 from sgl_moe.flops import FlopsModel
-from sgl_moe.simulator.calibration import cpu_tiny
+from sgl_moe.simulator.timing_model import cpu_tiny
 
 LENGTHS = (64, 256, 1024, 2048)
 BURST = 8
@@ -143,7 +143,7 @@ def calibrate(url: str, client: httpx.Client | None = None, **kwargs: Any) -> di
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m sgl_moe.simulator.calibrate", description=__doc__,
+    p = argparse.ArgumentParser(prog="python -m sgl_moe.simulator.fit_timing", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--worker-url", required=True, help="a worker started with python -m sgl_moe.launch_server")
     p.add_argument("--out", type=Path, default=Path("calibration.json"))

@@ -31,9 +31,11 @@ from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 
 from sgl_moe.router.block_index import BlockIndex
+from sgl_moe.router.candidates import job_cost
+from sgl_moe.router.job import Job, Placement
 from sgl_moe.router.load_order import LoadOrder
-from sgl_moe.router.scheduler import PUMP_SCAN_LIMIT, Candidate, Job, Placement, Scheduler, job_cost
-from sgl_moe.router.workers import Worker
+from sgl_moe.router.scheduler import PUMP_SCAN_LIMIT, Scheduler
+from sgl_moe.router.worker import Worker
 
 MATCH_MEMO = 16384
 """Hash lists whose match is remembered (the memo is emptied when full)."""
@@ -53,6 +55,8 @@ class LoggedBlockIndex(BlockIndex):
         """Called with the slot after each mutation."""
         self.watch: dict[int, set[Job]] = {}
         """Block hash -> queued jobs whose certificate breaks when any table gains or loses it."""
+        self.certificates: dict[Job, _Certificate | None] = {}
+        """Queued job -> its certificate (None: its last scoring gave none); written by the MemoScheduler."""
         self._matches: dict[int, tuple[Sequence[int], int, int, list[tuple[int, int]], int]] = {}
 
     def changed_since(self, version: int, mask: int) -> bool:
@@ -64,10 +68,6 @@ class LoggedBlockIndex(BlockIndex):
                 return True
             mask ^= low
         return False
-
-    def holders(self, h: int) -> int:
-        """Mask of the targets holding block ``h`` (committed or pending)."""
-        return self._index.get(h, 0)
 
     def match_groups(self, hashes: Sequence[int], slots_mask: int) -> list[tuple[int, int]]:
         """``BlockIndex.match_groups``, remembered per hash list while no target it depends on (those that
@@ -93,12 +93,12 @@ class LoggedBlockIndex(BlockIndex):
         self.stamp[slot] = self.version
         watch = self.watch
         if hashes and watch:
-            get = watch.get
+            get, certificate = watch.get, self.certificates.get
             for h in hashes:
                 jobs = get(h)
                 if jobs:
                     for job in jobs:
-                        c = job.__dict__.get("_certificate")
+                        c = certificate(job)
                         if c is not None:
                             c.dirty()
         self.on_touch(slot)
@@ -204,7 +204,8 @@ class MemoScheduler(Scheduler):
     broke, or whose waiting time crossed a limit, in queue order, with the same room test, scan
     window and running sums as ``Scheduler.pump``; every other job would be scored "still waiting".
     It assumes what the simulator guarantees: no job is cancelled, excluded from a worker, or left
-    without a routable worker.
+    without a routable worker. It uses only the scheduler's published hooks: it overrides ``try_place``,
+    ``pump``, ``release`` and ``reserved``, and reads ``view``, ``uniform_view``, ``any_admissible``, ``ahead``.
     """
 
     def __init__(self, *args, memo: bool = True, **kwargs) -> None:
@@ -232,35 +233,35 @@ class MemoScheduler(Scheduler):
         """Rule-5 certificates by descending threshold (negated, for the heap)."""
         self._seq = itertools.count()
         self._pumped_view: LoadOrder | None = None
+        self._watched: dict[Job, int] = {}
+        """Queued job -> how many of its leading blocks are in the index's watch lists."""
         if memo:
             self.queue = _QueueLog(self._dirty.add)
         index = self.index
         if not isinstance(index, LoggedBlockIndex):
             raise TypeError("MemoScheduler needs a LoggedBlockIndex")
         index.on_touch = lambda slot: _break(self._on_index, slot)
+        self._certs = index.certificates
 
     # -- what can break a certificate -----------------------------------------------------------
-    def _reserve(self, job: Job, c: Candidate, reason: str, t0: float) -> Placement | None:
-        placement = super()._reserve(job, c, reason, t0)
-        if placement is not None:
-            w = c.worker
-            full = not w.admissible
-            load = w.inflight_flops
-            for slot in w.slots.values():
-                _break(self._on_load, slot)
-                if full:
-                    _break(self._on_full, slot)
-                watching = self._on_heavier.get(slot)
-                if watching:  # held jobs for which this worker may no longer be the lightest deepest match
-                    keep = []
-                    for cert, runner_up in watching:
-                        if cert.clean:
-                            if full or load >= runner_up:
-                                cert.dirty()
-                            else:
-                                keep.append((cert, runner_up))
-                    self._on_heavier[slot] = keep
-        return placement
+    def reserved(self, placement: Placement) -> None:
+        w = placement.worker
+        full = not w.admissible
+        load = w.inflight_flops
+        for slot in w.slots.values():
+            _break(self._on_load, slot)
+            if full:
+                _break(self._on_full, slot)
+            watching = self._on_heavier.get(slot)
+            if watching:  # held jobs for which this worker may no longer be the lightest deepest match
+                keep = []
+                for cert, runner_up in watching:
+                    if cert.clean:
+                        if full or load >= runner_up:
+                            cert.dirty()
+                        else:
+                            keep.append((cert, runner_up))
+                self._on_heavier[slot] = keep
 
     def release(self, placement: Placement, *, ok: bool) -> None:
         if not placement.released:
@@ -293,7 +294,7 @@ class MemoScheduler(Scheduler):
         expiry = self._expiry
         while expiry and expiry[0][0] <= now:
             heapq.heappop(expiry)[2].dirty()
-        view = self._uniform_view(self.pool.routable())
+        view = self.uniform_view(self.pool.routable())
         if view is not self._pumped_view:
             self._pumped_view = view
             self._dirty.update(self.queue)
@@ -318,7 +319,7 @@ class MemoScheduler(Scheduler):
         self._just_dirtied = []
         placed: set[Job] = set()
         ahead = _AheadBefore(window, placed)
-        outer, self._ahead = self._ahead, ahead  # type: ignore[assignment]
+        outer, self.ahead = self.ahead, ahead
         room: bool | None = None
         done = -1
         try:
@@ -329,13 +330,13 @@ class MemoScheduler(Scheduler):
                 done = k
                 job = window[k]
                 if room is None:
-                    room = self._any_admissible()
+                    room = self.any_admissible()
                 if not room:
                     break
                 self._dirty.discard(job)
                 ahead.k = k
                 before = (job.waiting_for, job.waiting_cost)
-                placement = self._try_place(job)
+                placement = self.try_place(job)
                 changed: set[str | None] = set()
                 if placement is not None:
                     placed.add(job)
@@ -346,9 +347,11 @@ class MemoScheduler(Scheduler):
                     changed.update((before[0], job.waiting_for))
                 changed.discard(None)
                 if changed:  # the running sums of the jobs behind it changed: score them too
+                    certs = self._certs
                     for j in range(k + 1, len(window)):
-                        if window[j].waiting_for in changed and window[j] not in dirty and _uses_ahead(window[j]):
-                            dirty.add(window[j])
+                        behind = window[j]
+                        if behind.waiting_for in changed and behind not in dirty and _uses_ahead(certs.get(behind)):
+                            dirty.add(behind)
                             heapq.heappush(todo, j)
                 if self._just_dirtied:  # made dirty by this scoring, further on: this pump's
                     for other in self._just_dirtied:
@@ -357,33 +360,35 @@ class MemoScheduler(Scheduler):
                             heapq.heappush(todo, j)
                     self._just_dirtied = []
         finally:
-            self._ahead = outer
+            self.ahead = outer
         for job in placed:
             queue.remove(job)
             self._dirty.discard(job)
         if placed:  # jobs behind the window moved into it: never scored yet
             for job in itertools.islice(queue, max(0, PUMP_SCAN_LIMIT - len(placed)), PUMP_SCAN_LIMIT):
-                if "_certificate" not in job.__dict__:
+                if job not in self._certs:
                     dirty.add(job)
 
-    def _try_place(self, job: Job) -> Placement | None:
-        c: _Certificate | None = job.__dict__.get("_certificate")
-        if (c is not None and c.clean and self._ahead is not None and self.clock() < c.expires
-                and self._view is c.view and (c.ahead is None or self._ahead.get(c.waits_for, 0.0) == c.ahead)):
+    def try_place(self, job: Job) -> Placement | None:
+        c = self._certs.get(job)
+        if (c is not None and c.clean and self.ahead is not None and self.clock() < c.expires
+                and self.view is c.view and (c.ahead is None or self.ahead.get(c.waits_for, 0.0) == c.ahead)):
             self.skipped += 1
             return None
         self.scored += 1
-        placement = super()._try_place(job)
+        placement = super().try_place(job)
         if c is not None:
             c.clean = False  # superseded (not dirty: it was just scored)
-        job.__dict__["_certificate"] = self._certify(job) if placement is None and self.memo else None
-        if placement is not None:
+        if placement is None:
+            self._certs[job] = self._certify(job) if self.memo else None
+        else:
+            self._certs.pop(job, None)
             self._unwatch(job)
         return placement
 
     def _watch_blocks(self, job: Job, upto: int) -> None:
         """Break the job's certificates when a table gains or loses any of its first ``upto`` blocks."""
-        have = job.__dict__.get("_watched", 0)
+        have = self._watched.get(job, 0)
         if upto > have:
             watch = self.index.watch
             for h in job.keys[0][have:upto]:
@@ -392,10 +397,10 @@ class MemoScheduler(Scheduler):
                     watch[h] = {job}
                 else:
                     jobs.add(job)
-            job.__dict__["_watched"] = upto
+            self._watched[job] = upto
 
     def _unwatch(self, job: Job) -> None:
-        have = job.__dict__.get("_watched", 0)
+        have = self._watched.pop(job, 0)
         if have:
             watch = self.index.watch
             for h in job.keys[0][:have]:
@@ -404,14 +409,13 @@ class MemoScheduler(Scheduler):
                     jobs.discard(job)
                     if not jobs:
                         del watch[h]
-            job.__dict__["_watched"] = 0
 
     def _certify(self, job: Job) -> _Certificate | None:
         cfg = self.cfg
-        if (cfg.policy != "longest_block_match" or job.waiting_for is None or self._ahead is None
+        if (cfg.policy != "longest_block_match" or job.waiting_for is None or self.ahead is None
                 or job.exclude or len(job.keys) != 1 or not job.keys[0] or self.scan_all):
             return None
-        view = self._view
+        view = self.view
         if view is None or not view.uniform or not view.single_slot or not view.any_admissible():
             return None  # (with no room anywhere the scoring stopped before the policy ran)
         keys = job.keys[0]
@@ -456,7 +460,7 @@ class MemoScheduler(Scheduler):
                     room_in_matched = True
                     break
                 m ^= low
-            ahead = self._ahead.get(job.waiting_for, 0.0)
+            ahead = self.ahead.get(job.waiting_for, 0.0)
             threshold = None
             if not room_in_matched:
                 waits_for = self.pool.workers[job.waiting_for]
@@ -496,6 +500,5 @@ def _break(lists: dict[int, list[_Certificate]], slot: int) -> None:
             c.dirty()
 
 
-def _uses_ahead(job: Job) -> bool:
-    c = job.__dict__.get("_certificate")
+def _uses_ahead(c: _Certificate | None) -> bool:
     return c is None or c.ahead is not None

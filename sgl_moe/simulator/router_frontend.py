@@ -4,11 +4,12 @@ Nothing of the decision logic is re-implemented here. Per request the frontend d
 ``Scheduler.acquire`` does without awaiting: place at once when the queue is empty, else append to
 the scheduler's FIFO queue and ``pump``; a completion calls ``Scheduler.release`` (which pumps). The
 scheduler reads the virtual clock; it is the router's ``Scheduler`` with the exact re-scoring memo of
-``memo`` (``SimConfig.memo=False`` runs it without). Workers are real ``Worker`` objects in a
-``WorkerPool`` that skips HTTP discovery; KV events go through ``WorkerPool.on_batch`` into the
-committed tables exactly as the router's event listeners deliver them (stored blocks pump the queue,
-as the router's ``on_change`` does), and the timer the router arms for a request held for promised
-blocks is an event on the virtual clock.
+``memo`` (``SimConfig.memo=False`` runs it without). Workers are real ``Worker`` objects admitted with
+a ``WorkerInfo`` into a ``WorkerPool`` without HTTP; KV events go through the pool's event sink
+(``pool.events.on_batch``) into the committed tables exactly as the router's event listeners deliver
+them (stored blocks pump the queue, as the router's ``on_change`` does), and the timer the router arms
+for a request held for promised blocks is an event on the virtual clock. Only hooks the router
+publishes for this are used (``tests/simulator/test_hooks.py`` lists them).
 
 Offline runs (every request sent at t=0) put the whole stream into the router's queue. Only the head
 of that queue is ever scanned (``PUMP_SCAN_LIMIT`` jobs per pump), so the frontend keeps just
@@ -19,45 +20,53 @@ request that far back would change nothing, so the runs are the same.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 
 from sgl_moe.router.block_index import BlockIndex
 from sgl_moe.router.config import Policy, RouterConfig
 from sgl_moe.router.event_listener import EventSource
+from sgl_moe.router.job import Job, Placement
 from sgl_moe.router.kv_events import BlockRemoved, BlockStored, EventBatch
 from sgl_moe.router.pending import PendingLedger
-from sgl_moe.router.scheduler import PUMP_SCAN_LIMIT, Job, Placement
-from sgl_moe.router.workers import Worker, WorkerPool
-from sgl_moe.simulator.calibration import Calibration
+from sgl_moe.router.scheduler import PUMP_SCAN_LIMIT
+from sgl_moe.router.worker import Worker
+from sgl_moe.router.worker_pool import WorkerPool
 from sgl_moe.simulator.engine import Engine
 from sgl_moe.simulator.memo import LoggedBlockIndex, MemoScheduler
 from sgl_moe.simulator.timeline import Timeline
+from sgl_moe.simulator.timing_model import Calibration
 from sgl_moe.simulator.units import SimUnit
+from sgl_moe.wire import SaturationInfo, WorkerInfo
 
 OFFLINE_WINDOW = 2 * PUMP_SCAN_LIMIT + 1
 """Queued jobs kept materialised in offline runs (see the module docstring)."""
 
 
 class SimPool(WorkerPool):
-    """The router's WorkerPool with its workers given instead of discovered over HTTP."""
+    """The router's WorkerPool with its workers admitted from known infos instead of discovered over HTTP."""
 
-    def __init__(self, cfg: RouterConfig, index: BlockIndex, ledger: PendingLedger, workers: list[Worker],
-                 on_change: Callable[[], None]) -> None:
-        # WorkerPool.__init__ wants an HTTP session; set what routable/on_batch/worker_of_slot read.
-        self.cfg, self.index, self.ledger = cfg, index, ledger
-        self.session = None
-        self.on_change = on_change
-        self.tokenizer = None
-        self._reference = None
-        self._adding = set()
-        self.workers = {w.id: w for w in workers}
-        self._next_id = len(workers)
-        self._slot_owner = {slot: w for w in workers for slot in w.slots.values()}
-        self._healthy = list(workers)
+    in_rotation: list[Worker] = []
+    """Every worker: simulated workers never leave rotation."""
+
+    @classmethod
+    def of(cls, cfg: RouterConfig, index: BlockIndex, ledger: PendingLedger, infos: Mapping[str, WorkerInfo],
+           on_change: Callable[[], None]) -> SimPool:
+        """A pool of one worker per ``infos`` entry (worker id -> info), admitted in order."""
+        pool = cls.without_http(cfg, index, ledger, on_change)
+        for worker_id, info in infos.items():
+            pool.admit(f"sim://{worker_id}", info, worker_id=worker_id)
+        pool.in_rotation = list(pool.workers.values())
+        return pool
 
     def routable(self, exclude: frozenset[str] = frozenset()) -> list[Worker]:
-        # Simulated workers never leave rotation: the list WorkerPool builds per call, built once.
-        return self._healthy if not exclude else super().routable(exclude)
+        # The list WorkerPool builds per call, built once.
+        return self.in_rotation if not exclude else super().routable(exclude)
+
+
+def worker_info(cal: Calibration, theta: float) -> WorkerInfo:
+    """What a simulated worker reports in ``/sgl_moe/info``: the calibration's model, page size, FLOPs and Θ."""
+    return WorkerInfo(model_name=cal.name, page_size=cal.page_size, flops=cal.flops,
+                      saturation=SaturationInfo(flops=theta, source="simulator", state="fixed"))
 
 
 class _Future:
@@ -94,10 +103,9 @@ class RouterFrontend:
                                 prefix_wait_s=prefix_wait_s)
         self.index = LoggedBlockIndex()
         self.ledger = PendingLedger(self.index, ttl_s=pending_ttl_s)
-        self.workers = [Worker(id=e.id, url=f"sim://{e.id}", info={"page_size": cal.page_size, "model_name": cal.name},
-                               flops=cal.flops, theta=theta, theta_source="simulator", slots={0: self.index.add_target()})
-                        for e in engines]
-        self.pool = SimPool(self.cfg, self.index, self.ledger, self.workers, on_change=self.pump)
+        info = worker_info(cal, theta)
+        self.pool = SimPool.of(self.cfg, self.index, self.ledger, {e.id: info for e in engines}, on_change=self.pump)
+        self.workers = list(self.pool.workers.values())
         # The memo only ever vouches for longest_block_match jobs (the others wait only when no worker has room).
         self.scheduler = MemoScheduler(self.cfg, self.pool, self.index, self.ledger, clock=timeline,
                                        memo=memo and policy == "longest_block_match")
@@ -129,7 +137,7 @@ class RouterFrontend:
         job = Job(rid=unit.rid, prompt_lens=[unit.tokens], keys=[unit.hashes], arrived=unit.arrival)
         self._units[unit.rid] = unit
         if not sched.queue:
-            placement = sched._try_place(job)
+            placement = sched.try_place(job)
             if placement is not None:
                 self._on_placed(placement)
                 self._after()
@@ -187,8 +195,8 @@ class RouterFrontend:
             events.append(BlockRemoved(block_hashes=removed))
         if stored:
             events.append(BlockStored(block_hashes=stored, parent_block_hash=None, token_ids=[], block_size=self.page))
-        self.pool.on_batch(self.sources[wid], EventBatch(seq=next(self._seq), ts=self.timeline.now, events=events,
-                                                        dp_rank=0))
+        self.pool.events.on_batch(self.sources[wid], EventBatch(seq=next(self._seq), ts=self.timeline.now,
+                                                               events=events, dp_rank=0))
 
     def _after(self) -> None:
         """After the scheduler ran: dispatch its placements, arm hold timers, refill the offline queue."""

@@ -21,11 +21,11 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from sgl_moe.simulator.calibration import Calibration, Transfer
 from sgl_moe.simulator.engine import Engine, SharedCompute
 from sgl_moe.simulator.router_frontend import RouterFrontend
 from sgl_moe.simulator.sglang_router_model import CacheAwareConfig, SglangRouterFrontend
 from sgl_moe.simulator.timeline import Timeline
+from sgl_moe.simulator.timing_model import Calibration, Transfer
 from sgl_moe.simulator.units import SimUnit
 
 ROUTER_POLICIES = ("longest_block_match", "round_robin", "least_flops")

@@ -10,7 +10,7 @@ and, when weight transfers must be hidden, at least the transfer time of one for
 
 * ``cpu_tiny``: the shipped tiny model on this 2-core CPU (SGLang's CPU engine, torch-native attention).
   Defaults come from two sequential measurements in ``/work/shared/notes/sglang-facts.md`` (1,024 and
-  2,048 tokens, uncached vs cached); ``python -m sgl_moe.simulator.calibrate`` measures a running worker
+  2,048 tokens, uncached vs cached); ``python -m sgl_moe.simulator.fit_timing`` measures a running worker
   and writes a JSON that replaces them. ``context_token_s`` is the CPU attention backend's cost of
   gathering the cached KV of a request: a fully cached 2,048-token prompt takes twice a 1,024-token one.
 * ``h100_30b``: Qwen3-30B-A3B-like (bf16) on one H100, from ``/work/shared/notes/physics.md``: FLOPs per
@@ -114,7 +114,7 @@ class Calibration:
 
 
 def cpu_tiny() -> Calibration:
-    """The shipped tiny model on this 2-core CPU, until ``calibrate`` measures it.
+    """The shipped tiny model on this 2-core CPU, until ``fit_timing`` measures it.
 
     From sglang-facts.md: 1,024 / 2,048 uncached tokens 0.29 / 0.54 s; fully cached 0.07 / 0.14 s.
     With ~7 ms of fixed cost, the cached pair gives ``context_token_s`` ≈ 58 µs per token of KV and the
@@ -141,11 +141,11 @@ def h100_30b(mfu: float = MFU) -> Calibration:
 
 
 PRESETS = {"cpu_tiny": cpu_tiny, "h100_30b": h100_30b}
-"""Calibrations by name; ``load`` also accepts a JSON file written by ``calibrate``."""
+"""Calibrations by name; ``load`` also accepts a JSON file written by ``fit_timing``."""
 
 
 def load(name_or_path: str) -> Calibration:
-    """A preset by name, or a calibration JSON (``calibrate``'s output, or ``Calibration.to_json``)."""
+    """A preset by name, or a calibration JSON (``fit_timing``'s output, or ``Calibration.to_json``)."""
     if name_or_path in PRESETS:
         return PRESETS[name_or_path]()
     path = Path(name_or_path)

@@ -6,14 +6,18 @@ import pytest
 
 from sgl_moe.flops import FlopsModel
 from sgl_moe.router.block_index import BlockIndex
+from sgl_moe.router.candidates import job_cost
 from sgl_moe.router.config import RouterConfig
+from sgl_moe.router.job import Job
 from sgl_moe.router.pending import PendingLedger
-from sgl_moe.router.scheduler import Job, QueueFull, Scheduler, job_cost
-from sgl_moe.router.workers import Worker
+from sgl_moe.router.scheduler import QueueFull, Scheduler
+from sgl_moe.router.worker import Worker
+from sgl_moe.wire import SaturationInfo, WorkerInfo
 
 FLOPS = FlopsModel(linear_flops_per_token=1000.0, attn_flops_per_pair=10.0, lm_head_flops_per_token=100.0,
                    num_layers=2, num_moe_layers=2)
 PAGE = 16
+INFO = WorkerInfo(model_name="test", page_size=PAGE, flops=FLOPS, saturation=SaturationInfo(1.0, "test", "fixed"))
 
 
 class Pool:
@@ -22,7 +26,7 @@ class Pool:
     def __init__(self, index, n, theta):
         self.workers = {}
         for i in range(n):
-            w = Worker(id=f"w{i}", url=f"http://w{i}", info={"page_size": PAGE}, flops=FLOPS, theta=theta,
+            w = Worker(id=f"w{i}", url=f"http://w{i}", info=INFO, flops=FLOPS, theta=theta,
                        theta_source="test", slots={0: index.add_target()})
             self.workers[w.id] = w
 
@@ -49,7 +53,7 @@ def job(rid, blocks, n_tokens=None):
 
 
 def test_cost_is_true_flops_after_prefix_credit():
-    w = Worker(id="w", url="", info={"page_size": PAGE}, flops=FLOPS, theta=1, theta_source="", slots={})
+    w = Worker(id="w", url="", info=INFO, flops=FLOPS, theta=1, theta_source="", slots={})
     j = Job(rid="r", prompt_lens=[100], keys=[[]])
     assert job_cost(w, j, [0]) == FLOPS.request_flops(0, 100)
     assert job_cost(w, j, [96]) == FLOPS.request_flops(96, 4)

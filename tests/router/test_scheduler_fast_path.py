@@ -13,13 +13,16 @@ from sgl_moe.flops import FlopsModel
 from sgl_moe.router import load_order
 from sgl_moe.router.block_index import BlockIndex
 from sgl_moe.router.config import RouterConfig
+from sgl_moe.router.job import Job
 from sgl_moe.router.pending import PendingLedger
-from sgl_moe.router.scheduler import Job, Scheduler
-from sgl_moe.router.workers import Worker
+from sgl_moe.router.scheduler import Scheduler
+from sgl_moe.router.worker import Worker
+from sgl_moe.wire import SaturationInfo, WorkerInfo
 
 PAGE = 16
 FLOPS = FlopsModel(linear_flops_per_token=1000.0, attn_flops_per_pair=10.0, lm_head_flops_per_token=100.0,
                    num_layers=2, num_moe_layers=2)
+INFO = WorkerInfo(model_name="test", page_size=PAGE, flops=FLOPS, saturation=SaturationInfo(1.0, "test", "fixed"))
 
 
 class Pool:
@@ -63,7 +66,7 @@ def build(n, policy, uniform, dp, clock):
     for i in range(n):
         theta = 4e6 if uniform else rng.choice([2e6, 4e6, 8e6])
         slots = {r: index.add_target() for r in range(dp if i % 2 else 1)}
-        workers.append(Worker(id=f"w{i:02d}", url="", info={"page_size": PAGE}, flops=FLOPS, theta=theta,
+        workers.append(Worker(id=f"w{i:02d}", url="", info=INFO, flops=FLOPS, theta=theta,
                               theta_source="test", slots=slots))
     sched = Scheduler(RouterConfig(policy=policy, max_affinity_wait_s=2.0), Pool(workers), index, ledger,
                       clock=clock)
@@ -93,7 +96,7 @@ def run_history(sched, index, ledger, clock, seed, steps=2500):
                 lens.append(len(k) * PAGE + rng.randint(1, PAGE))
             exclude = frozenset([rng.choice(list(pool.workers))]) if rng.random() < 0.05 else frozenset()
             job = Job(rid=f"r{step}", prompt_lens=lens, keys=keys, exclude=exclude, arrived=clock.t)
-            placed = sched._try_place(job) if not sched.queue else None  # what acquire() does
+            placed = sched.try_place(job) if not sched.queue else None  # what acquire() does
             if placed is not None:
                 record(placed)
             else:
@@ -125,20 +128,20 @@ def run_history(sched, index, ledger, clock, seed, steps=2500):
 def test_fast_path_places_exactly_like_scoring_every_worker(policy, uniform, dp, direct, monkeypatch):
     """``direct`` 0 makes every group of prefix holders be searched along the load order."""
     monkeypatch.setattr(load_order, "DIRECT_GROUP", direct)
-    walk = Scheduler._queued_cost_before
+    walk = Scheduler.queued_cost_before
     checked = []
 
     def both_ways(self, job, worker):
         kept = walk(self, job, worker)
-        sums, self._ahead = self._ahead, None
+        sums, self.ahead = self.ahead, None
         try:
             assert walk(self, job, worker) == kept
         finally:
-            self._ahead = sums
+            self.ahead = sums
         checked.append(kept)
         return kept
 
-    monkeypatch.setattr(Scheduler, "_queued_cost_before", both_ways)
+    monkeypatch.setattr(Scheduler, "queued_cost_before", both_ways)
     results = []
     for scan_all in (False, True):
         clock = Clock()

@@ -16,7 +16,7 @@ from sgl_moe.flops import FlopsModel
 from sgl_moe.router.block_index import BlockIndex
 from sgl_moe.router.config import RouterConfig
 from sgl_moe.router.pending import PendingLedger
-from sgl_moe.router.workers import WorkerPool
+from sgl_moe.router.worker_pool import WorkerPool
 
 
 def _info(state: str, flops: float) -> dict:
@@ -61,18 +61,18 @@ def test_calibrated_theta_replaces_the_fallback(pinned):
                               on_change=lambda: changes.append(1))
             w = await pool.add(f"http://127.0.0.1:{port}")
             assert w.theta == (pinned or 1e10)
-            await pool.check(w)  # still calibrating: unchanged
+            await pool.health.check(w)  # still calibrating: unchanged
             assert w.theta == (pinned or 1e10)
             state["info"] = _info("calibrated", 3e10)
             before = len(changes)
-            await pool.check(w)
-            assert w.info["saturation"]["state"] == "calibrated"
+            await pool.health.check(w)
+            assert w.info.saturation.state == "calibrated"
             if pinned:
                 assert w.theta == pinned and len(changes) == before
             else:
                 assert w.theta == 3e10 and "calibrated source" in w.theta_source and len(changes) == before + 1
             state["info"] = _info("calibrated", 9e10)
-            await pool.check(w)  # calibrated once: no further re-reads
+            await pool.health.check(w)  # calibrated once: no further re-reads
             assert w.theta == (pinned or 3e10)
             await pool.close()
         await runner.cleanup()

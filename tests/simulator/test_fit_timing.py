@@ -6,8 +6,8 @@ import httpx
 import pytest
 
 from sgl_moe.simulator import load
-from sgl_moe.simulator.calibrate import calibrate, main
-from sgl_moe.simulator.calibration import cpu_tiny
+from sgl_moe.simulator.fit_timing import calibrate, main
+from sgl_moe.simulator.timing_model import cpu_tiny
 
 TRUE = {"fixed": 0.012, "token_s": 2.0e-4, "pair_s": 3.0e-8, "context_token_s": 5.0e-5}
 PAGE = 16

@@ -3,7 +3,7 @@
 The simulated run records every operation on the router (requests arriving, releases, KV-event batches,
 hold timers, promise expiry). A fresh, plain ``Scheduler`` (no memo) then gets the same operations the
 way the router's service issues them: ``await acquire(job)`` per request, ``release`` per answer,
-``WorkerPool.on_batch`` per event batch (which pumps, as the service's on_change does), on a fake clock
+the pool's ``events.on_batch`` per event batch (which pumps, as the service's on_change does), on a fake clock
 set to each operation's time. Every request must land on the same worker with the same cost.
 """
 
@@ -12,10 +12,10 @@ import asyncio
 from sgl_moe.router.block_index import BlockIndex
 from sgl_moe.router.config import RouterConfig
 from sgl_moe.router.event_listener import EventSource
+from sgl_moe.router.job import Job
 from sgl_moe.router.kv_events import BlockRemoved, BlockStored, EventBatch
 from sgl_moe.router.pending import PendingLedger
-from sgl_moe.router.scheduler import Job, Scheduler
-from sgl_moe.router.workers import Worker
+from sgl_moe.router.scheduler import Scheduler
 from sgl_moe.simulator import SimConfig, Simulation, SimUnit, UnitStream, cpu_tiny, h100_30b
 from sgl_moe.simulator.router_frontend import SimPool
 from sgl_moe.workloads import WorkloadConfig
@@ -40,10 +40,9 @@ def replay(trace, sim, offline_all_at_zero):
     clock = Clock()
     index = BlockIndex()
     ledger = PendingLedger(index, ttl_s=cfg.pending_ttl_s)
-    workers = [Worker(id=w.id, url=w.url, info=dict(w.info), flops=w.flops, theta=w.theta, theta_source="replay",
-                      slots={0: index.add_target()}) for w in front.workers]
     holder = {}
-    pool = SimPool(cfg, index, ledger, workers, on_change=lambda: holder["s"].pump())
+    pool = SimPool.of(cfg, index, ledger, {w.id: w.info for w in front.workers}, on_change=lambda: holder["s"].pump())
+    workers = list(pool.workers.values())
     sched = holder["s"] = Scheduler(cfg, pool, index, ledger, clock=clock)
     sources = {w.id: EventSource(worker_id=w.id, dp_rank=0, endpoint="x", replay_endpoint=None) for w in workers}
     tasks = {}
@@ -72,7 +71,7 @@ def replay(trace, sim, offline_all_at_zero):
                     [BlockStored(block_hashes=stored, parent_block_hash=None, token_ids=[], block_size=16)]
                     if stored else [])
                 seq += 1
-                pool.on_batch(sources[wid], EventBatch(seq=seq, ts=t, events=events, dp_rank=0))
+                pool.events.on_batch(sources[wid], EventBatch(seq=seq, ts=t, events=events, dp_rank=0))
             elif kind == "pump":
                 sched.pump()
             elif kind == "expire":

@@ -1,0 +1,49 @@
+"""What the scheduler places and what placing it produces: a ``Job`` (one request) and its ``Placement``."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass, field
+
+from sgl_moe.router.pending import Promise
+from sgl_moe.router.worker import Worker
+
+
+@dataclass(eq=False)
+class Job:
+    """One unit of placement: a request (all its prompts go to one worker)."""
+
+    rid: str
+    prompt_lens: list[int]
+    keys: list[list[int]]
+    """Block hashes of each prompt; empty lists when the request is routed without affinity."""
+    shared_prefix_len: int = 0
+    max_new_tokens: int = 1
+    exclude: frozenset[str] = frozenset()
+    """Workers not to use (one that already failed this request)."""
+    arrived: float = field(default_factory=time.monotonic)
+    future: asyncio.Future | None = None
+    waiting_for: str | None = None
+    """The saturated worker this queued job chose to wait for, and its cost there."""
+    waiting_cost: float = 0.0
+    held: bool = False
+    """Waited (or waits) for promised prefix blocks to be stored (see ``Scheduler``'s prefix wait)."""
+
+
+@dataclass(eq=False)
+class Placement:
+    """A job given to a worker, with its reservation (``cost`` in-flight FLOPs) made until ``release``."""
+
+    job: Job
+    worker: Worker
+    slot: int
+    dp_rank: int
+    cost: float
+    predicted_cached_tokens: int
+    matched_blocks: int
+    reason: str
+    queued_s: float
+    decision_s: float
+    promise: Promise | None = None
+    released: bool = False

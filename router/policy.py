@@ -1,0 +1,96 @@
+"""The policy's pick among scored candidates: ``round_robin``, ``least_flops`` or ``longest_block_match``.
+
+``longest_block_match`` takes the worker holding the longest prefix when it has room. When that worker is
+saturated, the job either waits for it or spills to the best worker with room: it spills when
+recomputing the prefix there finishes sooner than the work queued ahead on the best worker (equal-speed
+workers), or when it has waited ``max_affinity_wait_s`` already.
+
+A decision is ``(candidate, reason)``; ``(None, reason)`` when the job waits for a saturated worker
+(``job.waiting_for``), and None when no candidate has room.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+from collections.abc import Callable
+
+from sgl_moe.router.candidates import Candidate
+from sgl_moe.router.config import RouterConfig
+from sgl_moe.router.job import Job
+from sgl_moe.router.worker import Worker
+
+log = logging.getLogger("sgl_moe.router.decisions")
+
+Decision = tuple[Candidate | None, str]
+
+
+class PlacementPolicy:
+    """The configured policy, with the round-robin turn both placement paths share."""
+
+    def __init__(self, cfg: RouterConfig, clock: Callable[[], float], stats,
+                 queued_cost_before: Callable[[Job, Worker], float]) -> None:
+        self.cfg = cfg
+        self.clock = clock
+        self.stats = stats
+        """The scheduler's ``SchedulerStats`` (spills are counted here)."""
+        self.queued_cost_before = queued_cost_before
+        """FLOPs of the queued jobs ahead of a job that also wait for a worker (the scheduler's queue)."""
+        self._rr = itertools.count()
+
+    def choose(self, job: Job, cands: list[Candidate]) -> Decision | None:
+        """The policy's pick among scored candidates (both placement paths end here unless they pick alone)."""
+        admissible = [c for c in cands if c.worker.admissible]
+        if not admissible:
+            return None
+        policy = self.cfg.policy
+        job.waiting_for = None
+        if policy == "round_robin":
+            choice = admissible[next(self._rr) % len(admissible)]
+            reason = "round robin"
+        elif policy == "least_flops":
+            choice = min(admissible, key=lambda c: (c.load, c.worker.id))
+            reason = "least in-flight FLOPs / Θ"
+        else:
+            choice, reason = self.longest_block_match(job, cands, admissible)
+            if choice is None:
+                return None, reason
+        if log.isEnabledFor(logging.DEBUG):
+            reason += "; matched blocks per candidate: " + ", ".join(
+                f"{c.worker.id}={c.matched_blocks}{'' if c.worker.admissible else ' (saturated)'}" for c in cands)
+        return choice, reason
+
+    def next_round_robin(self, job: Job, workers: list[Worker]) -> Worker | None:
+        """The next admissible worker in turn (None: all saturated, the job keeps waiting)."""
+        room = [w for w in workers if w.admissible]
+        if not room:
+            return None
+        job.waiting_for = None
+        return room[next(self._rr) % len(room)]
+
+    def longest_block_match(self, job: Job, cands: list[Candidate], admissible: list[Candidate]) -> Decision:
+        def rank(c: Candidate) -> tuple:
+            return (c.matched_blocks, -c.load, c.worker.id)
+
+        best = max(cands, key=rank)
+        if best.matched_blocks == 0:
+            choice = min(admissible, key=lambda c: ((c.worker.inflight_flops + c.cost) / c.worker.theta, c.worker.id))
+            return choice, "no prefix match anywhere: least loaded after this request"
+        if best.worker.admissible:
+            return best, f"longest prefix match ({best.matched_blocks} blocks)"
+        alt = max(admissible, key=rank)
+        # Best worker is saturated. Wait for it, or recompute the prefix on a worker with room?
+        # Both finish after the work ahead of them plus their own cost (equal-speed workers).
+        ahead = best.worker.inflight_flops + self.queued_cost_before(job, best.worker)
+        wait_finish = ahead + best.cost
+        spill_finish = alt.worker.inflight_flops + alt.cost
+        waited = self.clock() - job.arrived
+        if spill_finish < wait_finish:
+            self.stats.spills += 1
+            return alt, (f"spill: best {best.worker.id} ({best.matched_blocks} blocks) is saturated; recomputing "
+                         f"{alt.cost - best.cost:.3g} extra FLOPs here beats waiting behind {ahead:.3g}")
+        if waited >= self.cfg.max_affinity_wait_s:
+            self.stats.spills += 1
+            return alt, f"spill: waited {waited:.1f} s for saturated {best.worker.id}"
+        job.waiting_for, job.waiting_cost = best.worker.id, best.cost
+        return None, f"waiting for {best.worker.id} ({best.matched_blocks} blocks)"

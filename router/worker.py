@@ -1,0 +1,117 @@
+"""One worker as the router sees it: what it reported (``WorkerInfo``), its Θ, its load and its counters.
+
+Θ comes from the worker's info unless the router's ``--saturation-flops`` pins it, and is installed in
+one place, ``Worker.install``: when the worker joins, when a calibrated Θ arrives, and when it restarts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from sgl_moe.flops import FlopsModel
+from sgl_moe.router.block_index import BlockIndex
+from sgl_moe.router.event_listener import EventListener
+from sgl_moe.wire import WorkerInfo
+
+HEALTHY, UNHEALTHY = "healthy", "unhealthy"
+PINNED_THETA_SOURCE = "router flag --saturation-flops"
+
+
+class WorkerError(Exception):
+    """A worker cannot be added or removed; ``status`` is the HTTP status to answer with."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+
+
+@dataclass
+class WorkerCounters:
+    requests: int = 0
+    failures: int = 0
+    predicted_cached_tokens: int = 0
+    """Sum over requests whose response reports cached tokens: what the router predicted."""
+    reported_cached_tokens: int = 0
+    """Sum over the same requests: what the worker reported (``meta_info.cached_tokens``)."""
+    events_stored: int = 0
+    events_removed: int = 0
+    events_cleared: int = 0
+    table_resets: int = 0
+    restarts: int = 0
+
+
+@dataclass(eq=False)
+class Worker:
+    """A worker in the pool. Its in-flight FLOPs change only through the scheduler's reserve and release."""
+
+    id: str
+    url: str
+    info: WorkerInfo
+    """``GET /sgl_moe/info`` as last installed (see ``install``)."""
+    flops: FlopsModel
+    theta: float
+    theta_source: str
+    slots: dict[int, int]
+    """Attention-DP rank -> slot of its tables in the BlockIndex."""
+    state: str = HEALTHY
+    inflight_flops: float = 0.0
+    inflight_requests: int = 0
+    peak_inflight_requests: int = 0
+    health_failures: int = 0
+    last_error: str | None = None
+    added_at: float = field(default_factory=time.time)
+    counters: WorkerCounters = field(default_factory=WorkerCounters)
+    listeners: list[EventListener] = field(default_factory=list)
+    tasks: list[asyncio.Task] = field(default_factory=list)
+
+    @classmethod
+    def from_info(cls, worker_id: str, url: str, info: WorkerInfo, pinned_theta: float | None) -> Worker:
+        """A worker that has just joined: no slots yet, Θ installed from ``info`` (or pinned)."""
+        worker = cls(id=worker_id, url=url, info=info, flops=info.flops, theta=0.0, theta_source="", slots={})
+        worker.install(info, pinned_theta)
+        return worker
+
+    def install(self, info: WorkerInfo, pinned_theta: float | None) -> None:
+        """Adopt the worker's latest info and its Θ (seed 000 App. B.4: installed on receipt), unless the
+        router's ``--saturation-flops`` (``pinned_theta``) pins Θ for every worker."""
+        self.info = info
+        if pinned_theta is not None:
+            self.theta, self.theta_source = pinned_theta, PINNED_THETA_SOURCE
+        else:
+            self.theta, self.theta_source = info.saturation.flops, f"worker: {info.saturation.source}"
+
+    @property
+    def page_size(self) -> int:
+        return self.info.page_size
+
+    @property
+    def instance_id(self) -> str | None:
+        return self.info.instance_id
+
+    @property
+    def admissible(self) -> bool:
+        """In rotation and below Θ: may be given more work."""
+        return self.state == HEALTHY and self.inflight_flops < self.theta
+
+    def describe(self, index: BlockIndex) -> dict[str, Any]:
+        committed = pending = 0
+        for slot in self.slots.values():
+            c, p = index.sizes(slot)
+            committed, pending = committed + c, pending + p
+        return {
+            "id": self.id, "url": self.url, "state": self.state, "model": self.info.model_name,
+            "page_size": self.page_size, "dp_size": len(self.slots),
+            "committed_blocks": committed, "pending_blocks": pending,
+            "inflight_flops": self.inflight_flops, "theta_flops": self.theta, "theta_source": self.theta_source,
+            "inflight_requests": self.inflight_requests, "peak_inflight_requests": self.peak_inflight_requests,
+            "last_error": self.last_error,
+            "events": [{"dp_rank": lst.source.dp_rank, "endpoint": lst.source.endpoint,
+                        "last_seq": lst.stats.last_seq, "gaps": lst.stats.gaps, "replays": lst.stats.replays,
+                        "replay_failures": lst.stats.replay_failures, "resets": lst.stats.resets}
+                       for lst in self.listeners],
+            "counters": vars(self.counters),
+        }

@@ -1,0 +1,86 @@
+"""Membership without HTTP: decoding a worker's info, compatibility, Θ, slots, and the KV-event sink."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from sgl_moe.flops import FlopsModel
+from sgl_moe.router.block_index import BlockIndex
+from sgl_moe.router.config import RouterConfig
+from sgl_moe.router.discovery import decode
+from sgl_moe.router.event_listener import EventSource
+from sgl_moe.router.kv_events import BlockStored, EventBatch
+from sgl_moe.router.pending import PendingLedger
+from sgl_moe.router.worker import WorkerError
+from sgl_moe.router.worker_pool import WorkerPool
+from sgl_moe.wire import KvEventEndpoint, SaturationInfo, WorkerInfo, to_builtins
+
+FLOPS = FlopsModel(linear_flops_per_token=1000.0, attn_flops_per_pair=10.0, lm_head_flops_per_token=100.0,
+                   num_layers=2, num_moe_layers=2)
+INFO = WorkerInfo(model_name="m", page_size=16, flops=FLOPS, saturation=SaturationInfo(5e9, "fixed source", "fixed"),
+                  instance_id="i1", context_length=4096)
+
+
+def pool(**cfg) -> tuple[WorkerPool, list[int]]:
+    index = BlockIndex()
+    changes: list[int] = []
+    return WorkerPool.without_http(RouterConfig(**cfg), index, PendingLedger(index, 10.0),
+                                   on_change=lambda: changes.append(1)), changes
+
+
+def test_info_that_does_not_decode_is_a_400_naming_the_field():
+    data = to_builtins(INFO)
+    assert decode("http://w", data) == INFO
+    del data["flops"]
+    with pytest.raises(WorkerError) as exc:
+        decode("http://w", data)
+    assert exc.value.status == 400 and "flops" in exc.value.message
+    with pytest.raises(WorkerError) as exc:
+        decode("http://w", {**to_builtins(INFO), "page_size": "16"})
+    assert exc.value.status == 400 and "page_size" in exc.value.message
+    with pytest.raises(WorkerError) as exc:
+        decode("http://w", [1])
+    assert exc.value.status == 400
+
+
+def test_admit_installs_theta_from_the_worker_unless_the_router_pins_it():
+    p, _ = pool()
+    w = p.admit("http://a", INFO)
+    assert (w.id, w.theta, w.theta_source, w.flops) == ("w0", 5e9, "worker: fixed source", FLOPS)
+    assert (p.model_name, p.page_size, p.context_length) == ("m", 16, 4096)
+    calibrated = replace(INFO, saturation=SaturationInfo(7e9, "calibrated source", "calibrated"))
+    w.install(calibrated, None)
+    assert (w.theta, w.theta_source, w.info) == (7e9, "worker: calibrated source", calibrated)
+    pinned, _ = pool(saturation_flops=1e9)
+    w = pinned.admit("http://a", INFO)
+    assert (w.theta, w.theta_source) == (1e9, "router flag --saturation-flops")
+    w.install(calibrated, 1e9)
+    assert w.theta == 1e9 and w.info is calibrated
+
+
+def test_admit_refuses_an_incompatible_worker_and_gives_each_dp_rank_a_slot():
+    p, _ = pool()
+    p.admit("http://a", INFO)
+    for other in (replace(INFO, page_size=32), replace(INFO, model_name="other")):
+        with pytest.raises(WorkerError) as exc:
+            p.admit("http://b", other)
+        assert exc.value.status == 409
+    ranks = [KvEventEndpoint(dp_rank=r, endpoint=f"tcp://*:{5000 + r}") for r in range(2)]
+    w = p.admit("http://c", replace(INFO, kv_events=ranks), worker_id="dp")
+    assert w.id == "dp" and sorted(w.slots) == [0, 1]
+    assert all(p.worker_of_slot(slot) is w for slot in w.slots.values())
+    assert [x.id for x in p.routable()] == ["w0", "dp"] and [x.id for x in p.routable(frozenset({"w0"}))] == ["dp"]
+
+
+def test_event_sink_stores_blocks_and_reports_capacity():
+    p, changes = pool()
+    w = p.admit("http://a", INFO)
+    source = EventSource(worker_id=w.id, dp_rank=0, endpoint="tcp://a:1", replay_endpoint=None)
+    stored = BlockStored(block_hashes=[1, 2], parent_block_hash=None, token_ids=[], block_size=16)
+    p.events.on_batch(source, EventBatch(seq=1, ts=0.0, events=[stored], dp_rank=0))
+    assert p.index.committed_prefix(w.slots[0], [1, 2, 3]) == 2 and changes == [1]
+    assert w.counters.events_stored == 2
+    p.events.on_reset(source, "test")
+    assert p.index.committed_prefix(w.slots[0], [1]) == 0 and w.counters.table_resets == 1
