@@ -19,7 +19,6 @@ import argparse
 import asyncio
 import json
 import random
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -27,16 +26,15 @@ from pathlib import Path
 import aiohttp
 from aiohttp import web
 
-from sgl_moe import DEFAULT_MODEL_DIR
-from sgl_moe import saturation, wire
+from sgl_moe import DEFAULT_MODEL_DIR, saturation, wire
 from sgl_moe.flops import FlopsModel
 from sgl_moe.harness.router_process import RouterProcess
 from sgl_moe.harness.worker_process import free_port
 from sgl_moe.router.block_hash import block_hashes
 from sgl_moe.router.block_index import BlockIndex
 from sgl_moe.router.config import RouterConfig
-from sgl_moe.router.pending import PendingLedger
 from sgl_moe.router.job import Job
+from sgl_moe.router.pending import PendingLedger
 from sgl_moe.router.scheduler import Scheduler
 from sgl_moe.router.service import tune_gc
 from sgl_moe.router.worker import Worker

@@ -26,8 +26,19 @@ from locust.env import Environment
 from locust.runners import WorkerRunner
 from locust.stats import PERCENTILES_TO_REPORT, StatsCSV
 
-from sgl_moe.loadtest.traffic import (APIS, CLASSIFY_PATH, GENERATE_PATH, StreamOptions, TaskStream, check_classify,
-                                      check_generate, classify_body, generate_bodies, request_name, user_weight)
+from sgl_moe.loadtest.traffic import (
+    APIS,
+    CLASSIFY_PATH,
+    GENERATE_PATH,
+    StreamOptions,
+    TaskStream,
+    check_classify,
+    check_generate,
+    classify_body,
+    generate_bodies,
+    request_name,
+    user_weight,
+)
 from sgl_moe.workloads import WORKLOADS
 
 HEADERS = {"content-type": "application/json"}
@@ -75,7 +86,7 @@ def _write_final_csv(**_) -> None:
             write(csv.writer(f))
 
 
-def _stream(user: "WorkloadUser") -> TaskStream:
+def _stream(user: WorkloadUser) -> TaskStream:
     """The process-wide stream of the user's class (created by its first user)."""
     key = user.workloads
     if key not in _streams:

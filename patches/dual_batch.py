@@ -263,8 +263,8 @@ def install(model_runner, cfg: RuntimeConfig) -> DualBatch:
 
 def around_model_forward(original, model, input_ids, positions, forward_batch, input_embeds=None, *args, **kwargs):
     dual = getattr(model, "_sgl_moe_dual", None)
-    if dual is not None and not dual.disabled and not args and not kwargs.get("pp_proxy_tensors") and dual.eligible(forward_batch,
-                                                                                                 input_embeds):
+    if (dual is not None and not dual.disabled and not args and not kwargs.get("pp_proxy_tensors")
+            and dual.eligible(forward_batch, input_embeds)):
         out = dual.forward(model, input_ids, positions, forward_batch)
         if out is not None:
             return out

@@ -30,8 +30,7 @@ import torch
 from sgl_moe.offload.config import OffloadConfig
 from sgl_moe.offload.engine import OffloadEngine
 from sgl_moe.offload.resident import choose_resident
-from sgl_moe.patches import expert_streaming
-from sgl_moe.patches import runtime_env
+from sgl_moe.patches import expert_streaming, runtime_env
 from sgl_moe.patches.runtime_env import RuntimeConfig
 from sgl_moe.prediction.bundle import PredictorBundle, find_bundle
 from sgl_moe.prediction.predictor import NextLayerPredictor

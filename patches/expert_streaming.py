@@ -16,8 +16,7 @@ import logging
 
 import torch
 
-from sgl_moe.patches import profile_handshake
-from sgl_moe.patches import runtime_env
+from sgl_moe.patches import profile_handshake, runtime_env
 from sgl_moe.patches.runtime_env import RuntimeConfig
 from sgl_moe.streaming import ExpertStore, LayerWeights, StreamConfig, WeightStreamer
 

@@ -69,7 +69,7 @@ def _label_ids(task: Task, labels: list[str], tok: RouterTokenizer, param: str) 
     return ids
 
 
-def plan_units(router: "Router", tasks: list[Task], model: str | None, batch: bool) -> list[list[PlannedUnit]]:
+def plan_units(router: Router, tasks: list[Task], model: str | None, batch: bool) -> list[list[PlannedUnit]]:
     """Tokenize and validate every unit of every task; raises TaskError or RequestError (nothing sent yet)."""
     pool = router.pool
     tok = pool.tokenizer
@@ -97,7 +97,7 @@ def plan_units(router: "Router", tasks: list[Task], model: str | None, batch: bo
     return out
 
 
-async def classify(router: "Router", request: web.Request) -> web.Response:
+async def classify(router: Router, request: web.Request) -> web.Response:
     t0 = time.perf_counter()
     resp = await _classify(router, request)
     router.metrics.requests.labels("/v1/classify", str(resp.status)).inc()
@@ -105,7 +105,7 @@ async def classify(router: "Router", request: web.Request) -> web.Response:
     return resp
 
 
-async def _classify(router: "Router", request: web.Request) -> web.Response:
+async def _classify(router: Router, request: web.Request) -> web.Response:
     pool = router.pool
     if pool.tokenizer is None:
         return error_response(503, "no worker is registered yet", kind="unavailable")

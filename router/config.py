@@ -91,7 +91,7 @@ class RouterConfig:
         return parser
 
     @classmethod
-    def from_argv(cls, argv: list[str] | None) -> "RouterConfig":
+    def from_argv(cls, argv: list[str] | None) -> RouterConfig:
         ns = cls.parser().parse_args(argv)
         cfg = from_namespace(cls, ns, "", worker_urls=tuple(u.rstrip("/") for u in ns.worker_urls))
         cfg.validate()

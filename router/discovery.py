@@ -7,7 +7,6 @@ hash prompts exactly as the worker's cache does.
 
 from __future__ import annotations
 
-import asyncio
 from typing import Any
 
 import aiohttp
@@ -35,7 +34,7 @@ class Discovery:
                 if resp.status != 200:
                     raise WorkerError(502, f"{url}: GET {INFO_PATH} answered {resp.status}")
                 data = await resp.json(content_type=None)
-        except (aiohttp.ClientError, asyncio.TimeoutError, ValueError) as exc:
+        except (TimeoutError, aiohttp.ClientError, ValueError) as exc:
             raise WorkerError(502, f"cannot reach worker {url}: {type(exc).__name__}: {exc}") from None
         return decode(url, data)
 
@@ -53,7 +52,7 @@ class Discovery:
                 async with await self.get(url + tok.tokenizer_config_url, timeout=60) as resp:
                     resp.raise_for_status()
                     config = await resp.json(content_type=None)
-        except (aiohttp.ClientError, asyncio.TimeoutError, ValueError) as exc:
+        except (TimeoutError, aiohttp.ClientError, ValueError) as exc:
             raise WorkerError(502, f"cannot fetch the tokenizer from {url}: {exc}") from None
         return RouterTokenizer.from_files(tokenizer_json, config)
 

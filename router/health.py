@@ -42,7 +42,7 @@ class HealthMonitor:
             async with await self.discovery.get(f"{worker.url}/health", timeout=pool.cfg.health_timeout_s) as r:
                 ok = r.status == 200
                 reason = f"GET /health answered {r.status}"
-        except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+        except (TimeoutError, aiohttp.ClientError) as exc:
             ok, reason = False, f"GET /health failed: {type(exc).__name__}"
         if worker.id not in pool.workers:
             return

@@ -31,13 +31,21 @@ import orjson
 
 from sgl_moe.router.api_fields import ACCEPTED_FIELDS, CHAT, COMPLETIONS, DECISIONS, GENERATE, SCORE
 from sgl_moe.router.chat_prompt import chat_prompt
-from sgl_moe.router.context_limits import (DEFAULT_COMPLETION_MAX_TOKENS, check_context, decode_bound,
-                                           max_new_tokens)
+from sgl_moe.router.context_limits import DEFAULT_COMPLETION_MAX_TOKENS, check_context, decode_bound, max_new_tokens
 from sgl_moe.router.decision_prompt import decision_prompts, is_blank
 from sgl_moe.router.errors import RequestError
 from sgl_moe.router.parsed_request import Namespace, ParsedRequest, common_prefix_len, namespaces, same_namespace
-from sgl_moe.router.request_fields import (check_model, embed_placeholders, encode_all, flag, generate_sampling_params,
-                                           id_prompts, is_int, text_prompts, token_ids)
+from sgl_moe.router.request_fields import (
+    check_model,
+    embed_placeholders,
+    encode_all,
+    flag,
+    generate_sampling_params,
+    id_prompts,
+    is_int,
+    text_prompts,
+    token_ids,
+)
 from sgl_moe.router.router_tokenizer import RouterTokenizer
 
 

@@ -131,7 +131,7 @@ class RouterTokenizer:
     _template: jinja2.Template | None = field(default=None, init=False, repr=False, compare=False)
 
     @classmethod
-    def from_files(cls, tokenizer_json: bytes, tokenizer_config: dict | None) -> "RouterTokenizer":
+    def from_files(cls, tokenizer_json: bytes, tokenizer_config: dict | None) -> RouterTokenizer:
         """Build from the bytes of ``tokenizer.json`` and the parsed ``tokenizer_config.json``."""
         config = tokenizer_config or {}
         backend = Tokenizer.from_str(tokenizer_json.decode("utf-8"))

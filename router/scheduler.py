@@ -131,7 +131,7 @@ class Scheduler:
         self.pump()
         try:
             return await asyncio.wait_for(asyncio.shield(job.future), self.cfg.queue_timeout_s)
-        except (asyncio.TimeoutError, asyncio.CancelledError) as exc:
+        except (TimeoutError, asyncio.CancelledError) as exc:
             if job.future.done() and not job.future.cancelled():
                 # Placed in the same instant it timed out or the client left: give the reservation back.
                 self.release(job.future.result(), ok=False)

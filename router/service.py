@@ -205,7 +205,7 @@ class Router:
                     ctype = resp.headers.get("content-type", "application/json")
             except (aiohttp.ClientConnectorError, aiohttp.ServerDisconnectedError) as exc:
                 raise WorkerFailure(f"{type(exc).__name__}: {exc}", transport=True) from None
-            except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+            except (TimeoutError, aiohttp.ClientError) as exc:
                 raise WorkerFailure(f"{type(exc).__name__}: {exc}", transport=False) from None
             if status >= 500:
                 raise WorkerFailure(f"answered {status}: {payload[:300].decode(errors='replace')}", transport=False)
@@ -226,7 +226,7 @@ class Router:
                 resp = await self.session.post(worker.url + endpoint, data=body, headers=headers)
             except (aiohttp.ClientConnectorError, aiohttp.ServerDisconnectedError) as exc:
                 raise WorkerFailure(f"{type(exc).__name__}: {exc}", transport=True) from None
-            except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+            except (TimeoutError, aiohttp.ClientError) as exc:
                 raise WorkerFailure(f"{type(exc).__name__}: {exc}", transport=False) from None
             async with resp:
                 if resp.status >= 500:
@@ -238,7 +238,7 @@ class Router:
                 try:
                     async for chunk in resp.content.iter_any():
                         await out.write(chunk)
-                except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+                except (TimeoutError, aiohttp.ClientError) as exc:
                     log.warning("stream of %s from %s broke: %s", placement.job.rid, worker.id, exc)
                     return out
                 await out.write_eof()
@@ -279,7 +279,7 @@ class Router:
             async with self.session.get(workers[0].url + "/v1/models") as resp:
                 return web.Response(body=await resp.read(), status=resp.status,
                                     content_type="application/json")
-        except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+        except (TimeoutError, aiohttp.ClientError) as exc:
             return error_response(502, f"worker {workers[0].id} failed: {exc}", kind="worker_failure")
 
     async def health(self, request: web.Request) -> web.Response:

@@ -63,7 +63,8 @@ def add_dataclass_args(parser: argparse.ArgumentParser, cls: type, prefix: str, 
         else:
             group.add_argument(flag, dest=dest, type=base, default=f.default,
                                metavar=base.__name__.upper(),
-                               help=f"{help_text} (default: {'none' if optional and f.default is None else '%(default)s'})")
+                               help=f"{help_text} "
+                                    f"(default: {'none' if optional and f.default is None else '%(default)s'})")
 
 
 def from_namespace(cls: type[T], ns: argparse.Namespace, prefix: str, **given: Any) -> T:

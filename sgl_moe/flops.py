@@ -45,11 +45,11 @@ class FlopsModel:
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "FlopsModel":
+    def from_dict(cls, data: dict[str, Any]) -> FlopsModel:
         return cls(**{k: data[k] for k in cls.__dataclass_fields__})
 
     @classmethod
-    def from_hf_config(cls, cfg: dict[str, Any]) -> "FlopsModel":
+    def from_hf_config(cls, cfg: dict[str, Any]) -> FlopsModel:
         """Qwen3-MoE / Qwen2-MoE / Mixtral / dense Llama-style configs (``config.json`` as a dict)."""
         cfg = dict(cfg.get("text_config", cfg))
         h = int(cfg["hidden_size"])

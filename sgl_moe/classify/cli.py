@@ -42,7 +42,7 @@ async def _reachable(url: str) -> str | None:
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as s:
             async with s.get(f"{url.rstrip('/')}/health") as resp:
                 await resp.read()
-    except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+    except (TimeoutError, aiohttp.ClientError) as exc:
         return f"{type(exc).__name__}: {exc}"
     return None
 

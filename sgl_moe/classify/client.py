@@ -246,7 +246,7 @@ class ClassifyRun:
                         payload = None
                     reply = Reply(resp.status, payload, raw[:300].decode(errors="replace"))
                     wait = retry_after_s(resp.headers.get("Retry-After"))
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 return Reply(0, why=f"no answer within {self.cfg.timeout_s:g} s")
             except aiohttp.ClientError as exc:
                 attempts += 1

@@ -34,7 +34,7 @@ class RouterProcess:
     def url(self) -> str:
         return f"http://{self.host}:{self.port}"
 
-    def start(self) -> "RouterProcess":
+    def start(self) -> RouterProcess:
         if self.port == 0:
             self.port = free_port(self.host)
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
@@ -75,7 +75,7 @@ class RouterProcess:
     def stop(self, grace: float = 10.0) -> None:
         stop_process_group(self.proc, signal.SIGINT, grace)
 
-    def __enter__(self) -> "RouterProcess":
+    def __enter__(self) -> RouterProcess:
         return self
 
     def __exit__(self, *exc) -> None:

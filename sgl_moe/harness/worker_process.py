@@ -62,7 +62,7 @@ class WorkerProcess:
     def url(self) -> str:
         return f"http://{self.host}:{self.port}"
 
-    def start(self) -> "WorkerProcess":
+    def start(self) -> WorkerProcess:
         if self.port == 0:
             self.port = free_port(self.host)
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
@@ -124,7 +124,7 @@ class WorkerProcess:
     def stop(self, grace: float = 20.0) -> None:
         stop_process_group(self.proc, signal.SIGTERM, grace)
 
-    def __enter__(self) -> "WorkerProcess":
+    def __enter__(self) -> WorkerProcess:
         return self
 
     def __exit__(self, *exc) -> None:

@@ -99,7 +99,7 @@ def run_batch(stack: DecodeStack, store: ExpertStore, batch: int, hit_rates: lis
     for s, x in enumerate(xs):
         marks = []
         start = clock.mark()
-        out, ids = stack.step(x, on_layer=lambda layer: marks.append(clock.mark()))
+        out, ids = stack.step(x, on_layer=lambda layer, marks=marks: marks.append(clock.mark()))
         marks.append(clock.mark())
         total = clock.seconds(start, marks[-1])
         ref.append(out)
@@ -181,10 +181,12 @@ def table(result: dict) -> str:
         return "-" if v is None else f"{v * 100:.0f}%"
 
     lines = [f"device {result['device']}, torch {result['torch']}; {result['config']['layers']} layers, "
-             f"{result['config']['experts']} experts × {result['expert_bytes'] / 1e6:.2f} MB, top-{result['config']['top_k']}, "
+             f"{result['config']['experts']} experts × {result['expert_bytes'] / 1e6:.2f} MB, "
+             f"top-{result['config']['top_k']}, "
              f"context {result['context']}; hit rates from {result['hit_rate_source']}",
              "| batch | resident ms | on_demand ms | exact ms | speculative ms | bound ms | exact / bound | "
-             "speculative / bound | exact hits / misses per step | MB moved per step (exact) | max diff on_demand / exact |",
+             "speculative / bound | exact hits / misses per step | MB moved per step (exact) | "
+             "max diff on_demand / exact |",
              "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in result["rows"]:
         m = r["modes"]
@@ -236,7 +238,8 @@ def main(argv: list[str] | None = None) -> int:
         print("warning: full-size layers on a CPU take very long; --tiny is the CPU smoke test", file=sys.stderr)
     hit_rates, source = load_hit_rates(args.hit_rate_json, args.hit_rate, args.layers)
     if not args.hit_rate_json.exists():
-        print(f"note: {args.hit_rate_json} not found; using --hit-rate {args.hit_rate} for every layer", file=sys.stderr)
+        print(f"note: {args.hit_rate_json} not found; using --hit-rate {args.hit_rate} for every layer",
+              file=sys.stderr)
     print(NO_GRAPHS, file=sys.stderr)
     result = run(cfg, device, batches, args.context, args.resident_experts, hit_rates, source, args.warmup,
                  args.steps, progress=lambda line: print(line, file=sys.stderr, flush=True))

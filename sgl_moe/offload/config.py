@@ -36,7 +36,8 @@ class OffloadConfig:
 
     def validate(self, num_experts: int) -> None:
         if self.execution not in EXECUTIONS:
-            raise OffloadConfigError(f"unknown offload execution {self.execution!r}; choose one of {', '.join(EXECUTIONS)}")
+            raise OffloadConfigError(f"unknown offload execution {self.execution!r}; "
+                                     f"choose one of {', '.join(EXECUTIONS)}")
         if num_experts < 1:
             raise OffloadConfigError(f"a MoE layer needs at least one expert, got {num_experts}")
         if self.capacity is not None and not 1 <= self.capacity <= num_experts:

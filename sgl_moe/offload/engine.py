@@ -213,7 +213,8 @@ class OffloadEngine:
             rows13, rows2 = self._resident[layer]
             dst = slots[len(from_host):]
             gather_rows([buf.rows13[s] for s in dst] + [buf.rows2[s] for s in dst],
-                        [rows13[resident_rows[e]] for e in from_device] + [rows2[resident_rows[e]] for e in from_device])
+                        [rows13[resident_rows[e]] for e in from_device]
+                        + [rows2[resident_rows[e]] for e in from_device])
             self.stats.d2d_experts += len(from_device)
         if self.timer:
             self.timer.ready(layer)

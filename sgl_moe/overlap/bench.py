@@ -171,8 +171,8 @@ def table(result: dict) -> str:
     if "cpu-experts" in result:
         r = result["cpu-experts"]
         lines += ["", f"cpu-experts, decode, context {result['context']} (per layer T_a, T_m; per step seq, dual):",
-                  "| batch | T_a ms | T_m ms | bound | eta | plan (A size, order) | predicted gain | seq ms | dual ms | "
-                  "speedup | gain / bound | diff vs serial split | diff vs unsplit | if split anyway |",
+                  "| batch | T_a ms | T_m ms | bound | eta | plan (A size, order) | predicted gain | seq ms | "
+                  "dual ms | speedup | gain / bound | diff vs serial split | diff vs unsplit | if split anyway |",
                   "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
         for x in r["rows"]:
             alt = x.get("forced")
@@ -194,13 +194,14 @@ def table(result: dict) -> str:
                       for d in r["doubled"]]
     if "streams" in result:
         lines += ["", "streams, prefill (per layer T_a, T_m; per forward seq, dual):",
-                  "| batch x seq | T_a ms | T_m ms | bound | eta | plan | predicted gain | seq ms | dual ms | speedup | "
-                  "gain / bound | diff vs serial split | diff vs unsplit |",
+                  "| batch x seq | T_a ms | T_m ms | bound | eta | plan | predicted gain | seq ms | dual ms | "
+                  "speedup | gain / bound | diff vs serial split | diff vs unsplit |",
                   "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
         for x in result["streams"]["rows"]:
-            lines.append(f"| {x['batch']}x{x['seq']} | {ms(x['t_attn_s'])} | {ms(x['t_moe_s'])} | {pct(x['bound'])} | "
-                         f"{x['eta']:.2f} ({x['eta_source']}) | {plan(x['plan'])} | {pct(x['plan']['predicted_gain'])} | "
-                         f"{ms(x['seq_s'])} | {ms(x['dual_s'])} | {x['speedup']:.2f}x | {pct(x['fraction_of_bound'])} | "
+            lines.append(f"| {x['batch']}x{x['seq']} | {ms(x['t_attn_s'])} | {ms(x['t_moe_s'])} | "
+                         f"{pct(x['bound'])} | {x['eta']:.2f} ({x['eta_source']}) | {plan(x['plan'])} | "
+                         f"{pct(x['plan']['predicted_gain'])} | {ms(x['seq_s'])} | {ms(x['dual_s'])} | "
+                         f"{x['speedup']:.2f}x | {pct(x['fraction_of_bound'])} | "
                          f"{x['diff_vs_serial_split']:.3g} | {x['diff_vs_unsplit']:.3g} |")
     if result["device"] == "cpu":
         lines.append("CPU: both placements emulated by threads on shared cores; times and gains say nothing about "

@@ -56,7 +56,7 @@ class CostModel:
         return self.attn_beta * n * c + (self.attn_gamma + self.moe_beta) * n
 
     @classmethod
-    def fit(cls, samples: Sequence[Sample]) -> "CostModel":
+    def fit(cls, samples: Sequence[Sample]) -> CostModel:
         """Least squares per task kind; negative coefficients (noise) are dropped and the rest refitted.
 
         With one context length for all samples Σ n·c is proportional to Σ n and the attention fit is the

@@ -62,7 +62,7 @@ class InlineLane:
 class HostEventFence:
     """A CUDA event seen from a host thread: ``wait`` blocks that thread (a CPU worker reading device output)."""
 
-    def __init__(self, event: "torch.cuda.Event") -> None:
+    def __init__(self, event: torch.cuda.Event) -> None:
         self.event = event
 
     def wait(self) -> None:

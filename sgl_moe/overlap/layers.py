@@ -16,6 +16,7 @@ from sgl_moe.streaming.expert_store import LayerWeights
 from sgl_moe.streaming.moe_math import route
 from sgl_moe.streaming.moe_stack import MoEStack, MoEStackConfig, _rms
 
+
 def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
     try:
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)

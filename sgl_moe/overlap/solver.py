@@ -158,7 +158,8 @@ class Solver:
         t, k, order = best
         if t >= sequential and not self.force_overlap:
             return Plan(whole, "ab", sequential, sequential, bound, overlap=False,
-                        reason=f"overlap does not pay: predicted {t * 1e3:.3f} ms ≥ sequential {sequential * 1e3:.3f} ms")
+                        reason=f"overlap does not pay: predicted {t * 1e3:.3f} ms "
+                               f"≥ sequential {sequential * 1e3:.3f} ms")
         return Plan(split_at(range(size), k, cost_pre), order, t, sequential, bound)
 
 

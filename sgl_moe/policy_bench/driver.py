@@ -30,7 +30,7 @@ async def _send(session: aiohttp.ClientSession, url: str, unit: StreamUnit) -> R
                                 headers={"content-type": "application/json"}) as resp:
             payload = await resp.read()
             status, worker = resp.status, resp.headers.get("x-sgl-moe-worker")
-    except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+    except (TimeoutError, aiohttp.ClientError) as exc:
         return Record(time.perf_counter() - t0, 0, unit.prompt_tokens, 0, None, f"{type(exc).__name__}: {exc}")
     latency = time.perf_counter() - t0
     if status != 200:

@@ -14,7 +14,8 @@ def _pct(values: list[float], q: float) -> float:
     return s[min(len(s) - 1, int(round(q * (len(s) - 1))))]
 
 
-def summarize(policy: str, label: str, records: list[Record], wall_s: float, tasks: int, oracle_fraction: float) -> dict:
+def summarize(policy: str, label: str, records: list[Record], wall_s: float, tasks: int,
+              oracle_fraction: float) -> dict:
     ok = [r for r in records if r.status == 200]
     prompt = sum(r.prompt_tokens for r in ok)
     cached = sum(r.cached_tokens for r in ok)

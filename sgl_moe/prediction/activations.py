@@ -50,7 +50,7 @@ class ModelView:
         return self.gate_weights[0].shape[1]
 
     @classmethod
-    def of(cls, model) -> "ModelView":
+    def of(cls, model) -> ModelView:
         layers = model.model.layers
         cfg = model.config
         return cls(gate_weights=[layer.mlp.gate.weight.detach().float() for layer in layers],

@@ -76,7 +76,7 @@ class PredictorBundle:
         return out_dir
 
     @classmethod
-    def load(cls, bundle_dir: Path) -> "PredictorBundle":
+    def load(cls, bundle_dir: Path) -> PredictorBundle:
         from safetensors import SafetensorError
         from safetensors.torch import load_file
 
@@ -108,7 +108,8 @@ class PredictorBundle:
             except RuntimeError as exc:
                 raise BundleError(f"expert predictor bundle: estimator weights in {tensors_path}: {exc}") from exc
             estimator.eval().requires_grad_(False)
-        return cls(defaults=DefaultVectors(vectors, tensors.get("expert_counts")), estimator=estimator, estimator_config=config,
+        return cls(defaults=DefaultVectors(vectors, tensors.get("expert_counts")), estimator=estimator,
+                   estimator_config=config,
                    hybrid_layers=frozenset(int(x) for x in meta.get("hybrid_layers", [])),
                    recall=list(meta.get("recall", [])), facts=dict(meta.get("facts", {})))
 

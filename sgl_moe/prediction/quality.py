@@ -17,10 +17,11 @@ import argparse
 import json
 import math
 import time
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -174,7 +175,8 @@ def markdown(result: dict[str, Any]) -> str:
     for r in result["per_layer"]:
         mark = " *" if r["uses_estimator"] else ""
         lines.append(f"| {r['layer']}{mark} | {r['router']:.3f} | {r.get('estimator', float('nan')):.3f} | "
-                     f"{r.get('hybrid', r['router']):.3f} | {r['router_on_s']:.3f} | {r['cos_q']:.3f} | {r['cos_s']:.3f} |")
+                     f"{r.get('hybrid', r['router']):.3f} | {r['router_on_s']:.3f} | {r['cos_q']:.3f} | "
+                     f"{r['cos_s']:.3f} |")
     m = result["mean"]
     lines.append(f"| mean | {m['router']:.3f} | {m.get('estimator', float('nan')):.3f} | "
                  f"{m.get('hybrid', m['router']):.3f} | {m['router_on_s']:.3f} | | |")

@@ -34,7 +34,7 @@ class DefaultVectors:
         return torch.einsum("tk,tkh->th", weights.float(), picked.float())
 
     @classmethod
-    def from_sums(cls, sums: torch.Tensor, counts: torch.Tensor) -> "DefaultVectors":
+    def from_sums(cls, sums: torch.Tensor, counts: torch.Tensor) -> DefaultVectors:
         """From accumulated per-expert output sums [L, E, H] and token counts [L, E].
 
         An expert never routed to gets a zero vector: it contributes nothing, which is what an

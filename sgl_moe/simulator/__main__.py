@@ -1,6 +1,7 @@
 """``python -m sgl_moe.simulator``: policies at several worker counts, the Θ sweep, or the CPU-benchmark check.
 
-    python -m sgl_moe.simulator --workers 8 64 256 --requests 1000000 --calibration h100_30b --policies all --out sim.json
+    python -m sgl_moe.simulator --workers 8 64 256 --requests 1000000 --calibration h100_30b \\
+        --policies all --out sim.json
     python -m sgl_moe.simulator --theta-sweep --workers 8 --requests 100000 --transfer nvlink
     python -m sgl_moe.simulator --compare BENCH.json [--calibration cpu_tiny | calibration.json]
 """
@@ -15,11 +16,10 @@ from dataclasses import asdict, fields
 from pathlib import Path
 
 from sgl_moe.cli_args import add_dataclass_args
-from sgl_moe.simulator.experiments import (compare_bench, compare_policies, compare_table, sweep_table,
-                                           theta_sweep)
+from sgl_moe.simulator.experiments import compare_bench, compare_policies, compare_table, sweep_table, theta_sweep
 from sgl_moe.simulator.report import machine, table
-from sgl_moe.simulator.simulation import POLICIES, SimConfig
 from sgl_moe.simulator.sglang_router_model import CacheAwareConfig
+from sgl_moe.simulator.simulation import POLICIES, SimConfig
 from sgl_moe.simulator.timing_model import PRESETS, load
 from sgl_moe.workloads import WORKLOADS, WorkloadConfig
 
@@ -85,7 +85,8 @@ def main(argv: list[str] | None = None) -> int:
         for n, rs in results.items():
             r0 = rs[0]
             print(table(rs, f"\n{n} workers, {cal.name}, {base.arrival}: {r0.tasks:,} tasks -> {r0.units:,} prefill "
-                            f"requests, {r0.prompt_tokens / 1e6:.1f}M prompt tokens, oracle cached {r0.oracle_fraction:.3f}"))
+                            f"requests, {r0.prompt_tokens / 1e6:.1f}M prompt tokens, "
+                            f"oracle cached {r0.oracle_fraction:.3f}"))
             runs += [r.to_dict() for r in rs]
         out["runs"] = runs
     out["wall_seconds"] = time.time() - t0

@@ -145,7 +145,7 @@ class _Certificate:
 
     __slots__ = ("job", "view", "waits_for", "ahead", "expires", "threshold", "clean", "owner")
 
-    def __init__(self, owner: "MemoScheduler", job: Job, view: LoadOrder, waits_for: str, ahead: float | None,
+    def __init__(self, owner: MemoScheduler, job: Job, view: LoadOrder, waits_for: str, ahead: float | None,
                  expires: float, threshold: float | None) -> None:
         self.owner = owner
         self.job = job

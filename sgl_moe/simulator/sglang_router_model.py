@@ -44,7 +44,8 @@ class CacheAwareConfig:
 class SglangRouterFrontend:
     """Sends each unit straight to an engine, chosen by one of the two modelled policies."""
 
-    def __init__(self, policy: str, engines: list[Engine], seed: int, cfg: CacheAwareConfig = CacheAwareConfig()) -> None:
+    def __init__(self, policy: str, engines: list[Engine], seed: int,
+                 cfg: CacheAwareConfig = CacheAwareConfig()) -> None:
         if policy not in ("cache_aware", "power_of_two"):
             raise ValueError(f"not an sglang-router policy model: {policy}")
         self.policy = policy

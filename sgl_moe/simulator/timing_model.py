@@ -106,7 +106,7 @@ class Calibration:
         return data
 
     @classmethod
-    def from_json(cls, data: dict[str, Any]) -> "Calibration":
+    def from_json(cls, data: dict[str, Any]) -> Calibration:
         known = {f.name for f in fields(cls)}
         values = {k: v for k, v in data.items() if k in known}
         values["flops"] = FlopsModel.from_dict(values["flops"])
@@ -134,7 +134,8 @@ def h100_30b(mfu: float = MFU) -> Calibration:
     transferred_layers = flops.num_moe_layers - 1
     # KV: 48 layers x 4 KV heads x 128 x (K, V) x 2 bytes = 96 KiB per token. With experts sharded over
     # 8 GPUs and a few layers staged, ~13 GB of weights stay resident; ~47 GB of the 80 GB hold KV.
-    return Calibration(name="h100_30b", flops=flops, step_s=1.5e-3, request_s=20e-6 + flops.lm_head_flops_per_token / rate,
+    return Calibration(name="h100_30b", flops=flops, step_s=1.5e-3,
+                       request_s=20e-6 + flops.lm_head_flops_per_token / rate,
                        token_s=flops.linear_flops_per_token / rate, pair_s=flops.attn_flops_per_pair / rate,
                        step_tokens=16384, cache_tokens=480_000, nvlink_transfer_s=transferred_layers * NVLINK_LAYER_S,
                        pcie_transfer_s=transferred_layers * PCIE_LAYER_S, event_delay_s=0.5e-3)

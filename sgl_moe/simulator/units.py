@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import array
 from collections import OrderedDict
-from hashlib import shake_128
 from collections.abc import Iterator
+from hashlib import shake_128
 from typing import Literal
 
 from sgl_moe.router.block_hash import block_hash_chain

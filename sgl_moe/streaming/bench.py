@@ -176,7 +176,8 @@ def summarize(cfg: MoEStackConfig, rows: list[dict], layer_bytes: int, copy_s: f
 
 
 def table(result: dict) -> str:
-    lines = [f"device {result['device']}, torch {result['torch']}; one expert layer {result['layer_bytes'] / 1e9:.3f} GB, "
+    lines = [f"device {result['device']}, torch {result['torch']}; "
+             f"one expert layer {result['layer_bytes'] / 1e9:.3f} GB, "
              f"H2D copy {result['copy_one_layer_s'] * 1e3:.2f} ms ({result['h2d_gb_per_s']:.1f} GB/s)",
              "| tokens | resident tok/s | streamed tok/s | on-demand tok/s | pageable on-demand tok/s | MFU resident | "
              "MFU streamed | streamed/resident | streamed/on-demand | streamed/pageable |",
@@ -192,12 +193,15 @@ def table(result: dict) -> str:
     for ratio in result["ratios"]:
         n = ratio["tokens"]
 
-        def g(key):
+        def g(key, ratio=ratio):
             return f"{ratio[key]:.3f}" if ratio[key] is not None else "-"
 
-        lines.append(f"| {n:,} | {f(n, 'resident', 'tokens_per_s', ',.0f')} | {f(n, 'streamed', 'tokens_per_s', ',.0f')} | "
-                     f"{f(n, 'on_demand', 'tokens_per_s', ',.0f')} | {f(n, 'on_demand_pageable', 'tokens_per_s', ',.0f')} | "
-                     f"{f(n, 'resident', 'mfu', '.3f')} | {f(n, 'streamed', 'mfu', '.3f')} | {g('streamed_over_resident')} | "
+        lines.append(f"| {n:,} | {f(n, 'resident', 'tokens_per_s', ',.0f')} | "
+                     f"{f(n, 'streamed', 'tokens_per_s', ',.0f')} | "
+                     f"{f(n, 'on_demand', 'tokens_per_s', ',.0f')} | "
+                     f"{f(n, 'on_demand_pageable', 'tokens_per_s', ',.0f')} | "
+                     f"{f(n, 'resident', 'mfu', '.3f')} | {f(n, 'streamed', 'mfu', '.3f')} | "
+                     f"{g('streamed_over_resident')} | "
                      f"{g('streamed_over_on_demand')} | {g('streamed_over_on_demand_pageable')} |")
     t_meas = result["t_star_measured_tokens"]
     lines.append(f"streamed >= 0.95 x resident from {result['crossing_0_95_tokens'] or 'no measured size'} tokens; "

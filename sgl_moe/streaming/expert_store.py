@@ -26,7 +26,7 @@ class LayerWeights:
     def num_experts(self) -> int:
         return int(self.w13.shape[0])
 
-    def shard(self, rank: int, world: int) -> "LayerWeights":
+    def shard(self, rank: int, world: int) -> LayerWeights:
         """Rows [rank·E/N, (rank+1)·E/N): the experts this rank owns in gather modes."""
         e = self.num_experts
         if e % world:
@@ -65,7 +65,7 @@ class ExpertStore:
         return self.layer_bytes * len(self.layers)
 
     @classmethod
-    def to_host(cls, layers: list[LayerWeights], pin: bool) -> "ExpertStore":
+    def to_host(cls, layers: list[LayerWeights], pin: bool) -> ExpertStore:
         """Host copies of ``layers`` (pinned if ``pin`` and CUDA is available; the inputs may then be freed).
 
         CPU tensors that need no pinning are kept as they are (no copy).

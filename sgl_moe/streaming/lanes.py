@@ -60,7 +60,7 @@ class ThreadFence:
 
 
 class CudaFence:
-    def __init__(self, event: "torch.cuda.Event") -> None:
+    def __init__(self, event: torch.cuda.Event) -> None:
         self.event = event
 
     def wait(self) -> None:

@@ -30,16 +30,16 @@ class MoEStackConfig:
     dtype: str = "bfloat16"
 
     @classmethod
-    def qwen3_30b_a3b(cls, layers: int = 8) -> "MoEStackConfig":
+    def qwen3_30b_a3b(cls, layers: int = 8) -> MoEStackConfig:
         """Qwen3-30B-A3B's layer shape (the model has 48 such layers)."""
         return cls(layers=layers)
 
     @classmethod
-    def tiny(cls, layers: int = 4) -> "MoEStackConfig":
+    def tiny(cls, layers: int = 4) -> MoEStackConfig:
         return cls(hidden=64, heads=4, kv_heads=2, head_dim=16, experts=8, top_k=2, expert_width=32,
                    layers=layers, dtype="float32")
 
-    def with_layers(self, layers: int) -> "MoEStackConfig":
+    def with_layers(self, layers: int) -> MoEStackConfig:
         return replace(self, layers=layers)
 
     @property
@@ -48,7 +48,8 @@ class MoEStackConfig:
 
     @property
     def expert_layer_bytes(self) -> int:
-        return 3 * self.hidden * self.expert_width * self.experts * torch.tensor([], dtype=self.torch_dtype).element_size()
+        element_size = torch.tensor([], dtype=self.torch_dtype).element_size()
+        return 3 * self.hidden * self.expert_width * self.experts * element_size
 
     def flops(self, batch: int, seq: int) -> float:
         """FLOPs of one forward over ``batch`` sequences of ``seq`` tokens (2 per multiply-add, causal)."""

@@ -31,7 +31,8 @@ def check_rank(rank: int, world: int, modes: list[str], window: int, first_resid
     ref_streamer.close()
     out = {}
     for mode in modes:
-        s = WeightStreamer(model.store(), StreamConfig(mode=mode, window=window, first_layer_resident=first_resident), dev)
+        s = WeightStreamer(model.store(), StreamConfig(mode=mode, window=window, first_layer_resident=first_resident),
+                           dev)
         first = model.forward(x, s)
         second = model.forward(x, s)
         out[mode] = {"first_equal": bool(torch.equal(first, ref)), "second_equal": bool(torch.equal(second, ref)),

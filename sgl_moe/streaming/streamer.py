@@ -53,7 +53,7 @@ class StreamStats:
 
 class WeightStreamer:
     def __init__(self, store: ExpertStore, cfg: StreamConfig, device: torch.device | str, *,
-                 group: "torch.distributed.ProcessGroup | None" = None, copy_delay_s: float = 0.0) -> None:
+                 group: torch.distributed.ProcessGroup | None = None, copy_delay_s: float = 0.0) -> None:
         self.cfg = cfg
         self.device = torch.device(device)
         self.num_layers = len(store)
@@ -186,7 +186,7 @@ class WeightStreamer:
         self.stats.bytes_moved += self.store.layer_bytes
 
     def _gather(self, dst: LayerWeights, shard: LayerWeights, after: list[Fence]) -> Fence:
-        dist, group, world = self._dist, self.group, self.world
+        dist, group = self._dist, self.group
 
         def work() -> None:
             # Rank r's rows land in place at rows [r·E/N, (r+1)·E/N) of the slot: no temporary.

@@ -85,7 +85,8 @@ def measure(model_dir: Path, max_heldout_tokens: int = 200_000, max_fit_tokens: 
         layers.append(row)
 
     params = sum(p.numel() for p in model.parameters())
-    active = params - cfg.num_hidden_layers * (E - cfg.num_experts_per_tok) * 3 * cfg.hidden_size * cfg.moe_intermediate_size
+    active = params - (cfg.num_hidden_layers * (E - cfg.num_experts_per_tok) * 3 * cfg.hidden_size
+                       * cfg.moe_intermediate_size)
     training = json.loads((model_dir / "training.json").read_text()) if (model_dir / "training.json").exists() else {}
     return {
         "architecture": "Qwen3MoeForCausalLM",
@@ -95,7 +96,8 @@ def measure(model_dir: Path, max_heldout_tokens: int = 200_000, max_fit_tokens: 
         "config": {k: getattr(cfg, k) for k in ["vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
                                                 "num_key_value_heads", "head_dim", "num_experts", "num_experts_per_tok",
                                                 "moe_intermediate_size", "router_aux_loss_coef"]},
-        "corpus": {"train_files": len(corpus.train), "train_chars": corpus.train_chars, "train_tokens": len(train_stream),
+        "corpus": {"train_files": len(corpus.train), "train_chars": corpus.train_chars,
+                   "train_tokens": len(train_stream),
                    "heldout_files": len(corpus.heldout), "heldout_tokens": len(heldout_stream)},
         "heldout_tokens_scored": n,
         "heldout_perplexity": round(math.exp(nll / n), 3),
@@ -138,9 +140,11 @@ def render(card: dict, model_dir: Path) -> str:
         "## Corpus and training", "",
         f"- Corpus: `.py` files of the stdlib (tests excluded), {card['corpus']['train_files']} train files "
         f"({card['corpus']['train_chars'] / 1e6:.1f} M chars, {card['corpus']['train_tokens'] / 1e6:.2f} M tokens), "
-        f"{card['corpus']['heldout_files']} held-out files ({card['corpus']['heldout_tokens']} tokens), split by a hash of the path.",
+        f"{card['corpus']['heldout_files']} held-out files ({card['corpus']['heldout_tokens']} tokens), "
+        "split by a hash of the path.",
         f"- Training: {tc.get('steps')} steps x {tc.get('batch_size')} x {tc.get('seq_len')} tokens "
-        f"({(t.get('train_tokens_seen') or 0) / 1e6:.2f} M tokens), AdamW, lr {tc.get('lr')} cosine, seed {tc.get('seed')}.",
+        f"({(t.get('train_tokens_seen') or 0) / 1e6:.2f} M tokens), AdamW, lr {tc.get('lr')} cosine, "
+        f"seed {tc.get('seed')}.",
         f"- Training time on this machine (2 x86-64 cores, no GPU): {t.get('train_seconds')} s "
         f"(tokenizer and corpus: {t.get('tokenizer_seconds')} s).", "",
         "## Quality (held-out files)", "",
@@ -150,11 +154,13 @@ def render(card: dict, model_dir: Path) -> str:
         "Expert-load entropy of the top-k assignments (bits; uniform = log2 E), and how often a layer's top-1",
         "expert equals the most frequent successor of the previous layer's top-1 (table fit on training",
         "tokens), against always guessing the layer's most frequent top-1 expert.", "",
-        "| layer | load entropy (bits) | max/mean load | top-1 from previous layer | ... within 2 guesses | majority baseline |",
+        "| layer | load entropy (bits) | max/mean load | top-1 from previous layer | ... within 2 guesses | "
+        "majority baseline |",
         "|---|---|---|---|---|---|",
     ]
     for r in card["layers"]:
-        lines.append(f"| {r['layer']} | {r['load_entropy_bits']} / {r['max_entropy_bits']} | {r['max_over_mean_load']} | "
+        lines.append(f"| {r['layer']} | {r['load_entropy_bits']} / {r['max_entropy_bits']} | "
+                     f"{r['max_over_mean_load']} | "
                      f"{r.get('top1_from_prev_acc', '-')} | {r.get('top1_from_prev_acc_at2', '-')} | "
                      f"{r.get('top1_majority_baseline_acc', '-')} |")
     lines += ["", "Figures are in `model_card.json`, written by `python -m sgl_moe.training.model_card`.", ""]

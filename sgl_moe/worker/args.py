@@ -92,5 +92,5 @@ class MoeArgs:
         add_dataclass_args(parser, MoeArgs, PREFIX, "sgl_moe options (--moe-*)")
 
     @classmethod
-    def from_cli_args(cls, ns: argparse.Namespace) -> "MoeArgs":
+    def from_cli_args(cls, ns: argparse.Namespace) -> MoeArgs:
         return from_namespace(cls, ns, PREFIX)

@@ -15,8 +15,14 @@ from typing import Any
 from sgl_moe import __version__
 from sgl_moe.flops import FlopsModel
 from sgl_moe.saturation import SaturationThreshold
-from sgl_moe.wire import (TOKENIZER_CONFIG_PATH, TOKENIZER_PATH, KvEventEndpoint, SaturationInfo, TokenizerFiles,
-                          WorkerInfo)
+from sgl_moe.wire import (
+    TOKENIZER_CONFIG_PATH,
+    TOKENIZER_PATH,
+    KvEventEndpoint,
+    SaturationInfo,
+    TokenizerFiles,
+    WorkerInfo,
+)
 from sgl_moe.worker.args import MoeArgs
 
 

@@ -10,8 +10,7 @@ units), ``shapes`` (one function per workload), ``mix`` (proportions and interle
 from sgl_moe.workloads.config import PAGE, TABLE2, WORKLOADS, TableRow, WorkloadConfig
 from sgl_moe.workloads.mix import generate
 from sgl_moe.workloads.oracle import OracleCache, oracle_cached_tokens
-from sgl_moe.workloads.request import (WorkloadRequest, choice_text, prompt_text, prompt_tokens, to_task,
-                                       unit_segments)
+from sgl_moe.workloads.request import WorkloadRequest, choice_text, prompt_text, prompt_tokens, to_task, unit_segments
 from sgl_moe.workloads.segments import Segment, literal, segment_text, segment_token_ids
 
 __all__ = [

@@ -26,7 +26,7 @@ class Lengths:
 
     @classmethod
     def of(cls, lo: float, hi: float, *, log: bool, scale: float = 1.0, shift: float = 0.0, minus: int = 0,
-           floor: int = 1, cap: int | None = None) -> "Lengths":
+           floor: int = 1, cap: int | None = None) -> Lengths:
         """``clamp(round((x - shift) / scale) - minus, floor, cap)``, ``x`` (log-)uniform on ``[lo, hi]``."""
         if not 0 < lo <= hi or scale <= 0:
             raise ValueError(f"bad length range [{lo}, {hi}] / {scale}")

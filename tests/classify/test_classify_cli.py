@@ -16,12 +16,11 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
+from doubles.fake_router import FakeRouter
 
 from sgl_moe.classify.cli import main
 from sgl_moe.classify.journal import Journal, read_journal
 from sgl_moe.classify.progress import Progress
-
-from doubles.fake_router import FakeRouter
 
 
 def task(i: int, **extra) -> dict:

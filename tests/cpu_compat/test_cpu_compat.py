@@ -18,7 +18,8 @@ def test_decide_with_cuda_changes_nothing():
 def test_decide_without_cuda_and_broken_kernel_uses_stand_in():
     plan = cpu_compat.decide(cuda_usable=False, kernel_import_error="ImportError: libcuda.so.1")
     assert plan.cpu_engine and plan.stand_in_kernel
-    assert plan.required_server_args == {"device": "cpu", "attention_backend": "torch_native", "disable_cuda_graph": True}
+    assert plan.required_server_args == {"device": "cpu", "attention_backend": "torch_native",
+                                         "disable_cuda_graph": True}
 
 
 def test_decide_without_cuda_but_working_kernel_never_shadows_it():

@@ -21,6 +21,7 @@ from typing import Any
 import orjson
 from aiohttp import web
 
+from sgl_moe.router.errors import error_response
 from sgl_moe.router.prefill_tasks import TaskError, combine, parse_tasks
 
 FAIL_MARKER = "FAIL"
@@ -69,7 +70,7 @@ def _json(status: int, body: Any, headers: dict[str, str] | None = None) -> web.
 
 
 def _error(status: int, message: str, param: str | None = None, kind: str = "invalid_request_error") -> web.Response:
-    return _json(status, {"error": {"message": message, "type": kind, "param": param, "code": status}})
+    return error_response(status, message, kind=kind, param=param)  # type: ignore[arg-type]
 
 
 @dataclass
@@ -179,7 +180,7 @@ class FakeRouter:
 
     # -- lifecycle (called from the test's thread) -----------------------------------------------
 
-    def start(self) -> "FakeRouter":
+    def start(self) -> FakeRouter:
         ready = threading.Event()
         errors: list[BaseException] = []
 
@@ -220,7 +221,7 @@ class FakeRouter:
             self._loop.call_soon_threadsafe(self._loop.stop)
             self._thread.join(30)
 
-    def __enter__(self) -> "FakeRouter":
+    def __enter__(self) -> FakeRouter:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:

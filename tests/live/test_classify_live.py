@@ -16,7 +16,6 @@ import pytest
 from sgl_moe.router.prefill_tasks import choice_prompt, multi_suffix
 from sgl_moe.router.router_tokenizer import RouterTokenizer
 
-
 TOL = 1e-5
 
 

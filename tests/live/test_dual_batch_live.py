@@ -19,7 +19,6 @@ import httpx
 import pytest
 
 
-
 @pytest.fixture(scope="module", params=["cpu-experts", "streams"])
 def dual_worker(request, tmp_path_factory, start_worker):
     """One patched worker per placement, one at a time (pytest finishes a parameter before the next)."""

@@ -6,10 +6,7 @@ import json
 import subprocess
 import sys
 
-import pytest
-
 from sgl_moe.workloads import WorkloadConfig, generate, to_task
-
 
 
 def run(args, timeout=600):

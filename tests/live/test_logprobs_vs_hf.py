@@ -13,7 +13,6 @@ import pytest
 
 from sgl_moe import DEFAULT_MODEL_DIR
 
-
 TOLERANCE = 1e-4
 TOP_N = 10
 

@@ -13,7 +13,6 @@ import pytest
 from sgl_moe import cpu_compat
 from sgl_moe.harness.worker_process import WorkerProcess, WorkerStartError
 
-
 SITECUSTOMIZE = textwrap.dedent('''
     import importlib.abc, importlib.util, os, sys
     TARGET = "sglang.srt.models.qwen3_moe"

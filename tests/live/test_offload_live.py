@@ -16,14 +16,14 @@ import random
 import httpx
 import pytest
 
-
 _FLAGS = ["--moe-expert-offload", "--max-total-tokens", "16384"]
 
 
 @pytest.fixture(scope="module")
 def exact_worker(tmp_path_factory, start_worker):
     proc = start_worker(tmp_path_factory.mktemp("offload-exact") / "worker.log",
-                        _FLAGS + ["--moe-execution", "exact", "--moe-predictor", "hybrid", "--moe-resident-experts", "4"])
+                        _FLAGS + ["--moe-execution", "exact", "--moe-predictor", "hybrid",
+                                  "--moe-resident-experts", "4"])
     yield proc
     proc.stop()
 

@@ -4,12 +4,10 @@ import random
 import time
 
 import httpx
-import pytest
 import zmq
 
 from sgl_moe.router.block_hash import block_hashes
 from sgl_moe.router.kv_events import BlockStored, decode_frames
-
 
 
 def _fresh_prompt(seed, length):

@@ -17,7 +17,6 @@ from sgl_moe.harness.router_client import metric as _metric
 from sgl_moe.harness.router_client import workers as _workers
 
 
-
 def workers_state(router):
     return _workers(router.url)
 
@@ -58,7 +57,9 @@ def test_burst_of_same_prefix_converges_on_one_worker(cluster, router_factory):
     router = router_factory(cluster)
     prefix = unique_text(120)
     with cf.ThreadPoolExecutor(9) as pool:
-        burst = [pool.submit(generate, router.url, prefix + f"item {i}") for i in range(8)]
+        # A few decode steps keep the burst in flight long enough to be seen (one-token prefills of the tiny
+        # model can all finish before the first poll of /workers on a warm machine).
+        burst = [pool.submit(generate, router.url, prefix + f"item {i}", 32) for i in range(8)]
         # While the burst runs, a different prefix is balanced onto the other, idle worker.
         busy = wait_until(lambda: [w for w, s in workers_state(router).items() if s["inflight_requests"]],
                           what="burst in flight")

@@ -18,7 +18,6 @@ from sgl_moe.flops import FlopsModel
 from sgl_moe.harness.router_process import RouterProcess
 
 
-
 @pytest.fixture(scope="module")
 def streaming_worker(tmp_path_factory, start_worker):
     proc = start_worker(tmp_path_factory.mktemp("streaming") / "worker.log",

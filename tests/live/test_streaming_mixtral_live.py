@@ -17,7 +17,6 @@ import pytest
 
 from sgl_moe import DEFAULT_MODEL_DIR
 
-
 TOLERANCE = 1e-4
 
 
@@ -40,7 +39,8 @@ def mixtral_dir(tmp_path_factory):
 @pytest.fixture(scope="module")
 def mixtral_worker(mixtral_dir, tmp_path_factory, start_worker):
     proc = start_worker(tmp_path_factory.mktemp("mixtral") / "worker.log",
-                        ["--model-path", str(mixtral_dir), "--moe-weight-streaming", "host", "--max-total-tokens", "16384"])
+                        ["--model-path", str(mixtral_dir), "--moe-weight-streaming", "host",
+                         "--max-total-tokens", "16384"])
     yield proc
     proc.stop()
 

@@ -9,7 +9,6 @@ from sgl_moe import DEFAULT_MODEL_DIR
 from sgl_moe.flops import FlopsModel
 
 
-
 def test_info_describes_the_worker(worker):
     info = worker.info
     assert info["model_path"] == str(DEFAULT_MODEL_DIR)

@@ -11,13 +11,12 @@ from itertools import islice
 
 import orjson
 import pytest
+from doubles.fake_router import FakeRouter
 
 from sgl_moe.loadtest import traffic as lr
 from sgl_moe.loadtest.runner import LoadTestConfig, main, read_stats
 from sgl_moe.router.prefill_tasks import expand_text
 from sgl_moe.workloads import WORKLOADS, WorkloadConfig, generate, to_task
-
-from doubles.fake_router import FakeRouter
 
 USERS = 2
 
@@ -104,7 +103,8 @@ def test_runner_usage_errors():
 
 @pytest.mark.parametrize("status, body, reason", [
     (200, {"results": [{"id": "a", "probs": [0.4, 0.6]}]}, None),
-    (200, {"results": [{"id": "a", "error": {"message": "worker died", "code": 502}}]}, "result error 502: worker died"),
+    (200, {"results": [{"id": "a", "error": {"message": "worker died", "code": 502}}]},
+     "result error 502: worker died"),
     (200, {"results": []}, "malformed /v1/classify answer"),
     (200, {"results": [{"id": "a"}]}, "no probs"),
     (429, {"error": {"message": "router busy"}}, "HTTP 429: router busy"),

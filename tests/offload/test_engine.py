@@ -78,7 +78,7 @@ def test_decode_equals_resident(stack, store, execution, batch, resident, hit):
 def test_speculative_with_perfect_predictions_equals_exact(stack, store, batch):
     engine = OffloadEngine(store, OffloadConfig(execution="speculative"), "cpu", resident=RESIDENT)
     try:
-        for x, ref, ids, pred in _steps(stack, batch, hit=1.0):
+        for x, ref, _ids, pred in _steps(stack, batch, hit=1.0):
             out, _ = stack.step(x, engine, predicted=pred, speculative=True)
             assert torch.equal(out, ref)
     finally:
@@ -92,7 +92,7 @@ def test_speculative_with_wrong_predictions_equals_its_reference(stack, store, b
     engine = OffloadEngine(store, OffloadConfig(execution="speculative"), "cpu")
     layer0 = 0
     try:
-        for x, ref, ids, pred in _steps(stack, batch, hit=0.3):
+        for x, ref, _ids, pred in _steps(stack, batch, hit=0.3):
             expected, _ = stack.step(x, None, predicted=pred, speculative=True)
             out, got_ids = stack.step(x, engine, predicted=pred, speculative=True)
             assert torch.equal(out, expected)
@@ -108,7 +108,7 @@ def test_buffers_are_allocated_once(stack, store):
     ptrs = [(b.weights.w13.data_ptr(), b.weights.w2.data_ptr()) for b in engine._buffers]
     seen = set()
     try:
-        for x, ref, ids, pred in _steps(stack, 2, hit=0.5):
+        for _x, _ref, ids, pred in _steps(stack, 2, hit=0.5):
             for layer in range(LAYERS):
                 w, slots = engine.acquire(layer, ids[layer])
                 assert w.num_experts == 6 and slots.shape == ids[layer].shape and slots.dtype == ids[layer].dtype
@@ -128,7 +128,7 @@ def test_buffers_are_allocated_once(stack, store):
 def test_small_capacity_evicts_mispredictions_and_stays_exact(stack, store, capacity):
     engine = OffloadEngine(store, OffloadConfig(execution="exact", capacity=capacity), "cpu")
     try:
-        for x, ref, ids, pred in _steps(stack, 1, hit=0.5):  # batch 1, top-2: two experts per layer
+        for x, ref, _ids, pred in _steps(stack, 1, hit=0.5):  # batch 1, top-2: two experts per layer
             assert torch.equal(stack.step(x, engine, predicted=pred)[0], ref)
     finally:
         engine.close()
@@ -147,7 +147,7 @@ def test_slow_copy_is_waited_for(stack, store):
     """Every copy sleeps 50 ms first: acquire must wait for it; outputs stay exact."""
     engine = OffloadEngine(store, OffloadConfig(execution="exact", timing=True), "cpu", copy_delay_s=0.05)
     try:
-        for x, ref, ids, pred in _steps(stack, 2, hit=0.5)[:2]:
+        for x, ref, _ids, pred in _steps(stack, 2, hit=0.5)[:2]:
             assert torch.equal(stack.step(x, engine, predicted=pred)[0], ref)
             timings = engine.layer_timings()
             assert [t.layer for t in timings] == list(range(LAYERS))

@@ -19,7 +19,8 @@ def test_short_train_run_writes_a_bundle(tmp_path, model_dir):
     assert all(0 <= r[k] <= 1 for r in bundle.recall for k in ("router", "estimator", "hybrid"))
     assert bundle.facts["train_tokens"] == 4096
     # Hybrid layers are exactly those below the threshold where the estimator wins.
-    assert bundle.hybrid_layers == {r["layer"] for r in bundle.recall if r["router"] < 0.8 and r["estimator"] > r["router"]}
+    assert bundle.hybrid_layers == {r["layer"] for r in bundle.recall
+                                    if r["router"] < 0.8 and r["estimator"] > r["router"]}
 
 
 class _FixedPredictor:

@@ -151,7 +151,7 @@ async def _warm_up(pub: sgl.ZmqEventPublisher, listener: EventListener, limit: i
     for published in range(1, limit + 1):
         pub.publish(_batch(published - 1))
         with contextlib.suppress(AssertionError):
-            await _until(lambda: listener.stats.last_seq == published - 1, timeout_s=0.2)
+            await _until(lambda published=published: listener.stats.last_seq == published - 1, timeout_s=0.2)
             return published
     raise AssertionError(f"nothing arrived live in {limit} batches")
 

@@ -3,8 +3,14 @@
 import msgspec
 import pytest
 
-from sgl_moe.router.kv_events import (AllBlocksCleared, BlockRemoved, BlockStored, KVEventDecodeError, UnknownEvent,
-                                      decode_frames)
+from sgl_moe.router.kv_events import (
+    AllBlocksCleared,
+    BlockRemoved,
+    BlockStored,
+    KVEventDecodeError,
+    UnknownEvent,
+    decode_frames,
+)
 
 
 def _frames(payload, seq=7, topic=b"kv"):

@@ -4,8 +4,15 @@ import math
 
 import pytest
 
-from sgl_moe.router.prefill_tasks import (TaskError, choice_prompt, combine, expand_text, parse_tasks, plan_score,
-                                          read_score)
+from sgl_moe.router.prefill_tasks import (
+    TaskError,
+    choice_prompt,
+    combine,
+    expand_text,
+    parse_tasks,
+    plan_score,
+    read_score,
+)
 
 
 def test_single_task_and_batch_forms():

@@ -7,8 +7,14 @@ from pathlib import Path
 import pytest
 
 import sgl_moe
-from sgl_moe.router.api_fields import (CHAT_FIELDS, CHAT_VALIDATOR_INPUTS, COMPLETION_FIELDS, DECISION_FIELDS,
-                                       GENERATE_FIELDS, SCORE_FIELDS)
+from sgl_moe.router.api_fields import (
+    CHAT_FIELDS,
+    CHAT_VALIDATOR_INPUTS,
+    COMPLETION_FIELDS,
+    DECISION_FIELDS,
+    GENERATE_FIELDS,
+    SCORE_FIELDS,
+)
 from sgl_moe.router.context_limits import DEFAULT_COMPLETION_MAX_TOKENS, DEFAULT_MAX_NEW_TOKENS
 from sgl_moe.router.errors import RequestError
 from sgl_moe.router.parsed_request import Namespace

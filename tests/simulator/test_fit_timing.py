@@ -26,7 +26,8 @@ class FakeWorker:
     def handler(self, request: httpx.Request) -> httpx.Response:
         path = request.url.path
         if path == "/sgl_moe/info":
-            return httpx.Response(200, json={"model_name": "tiny", "page_size": PAGE, "flops": cpu_tiny().flops.to_dict(),
+            return httpx.Response(200, json={"model_name": "tiny", "page_size": PAGE,
+                                             "flops": cpu_tiny().flops.to_dict(),
                                              "saturation": {"flops": 1.5e12, "step_tokens": 4096}})
         if path == "/get_server_info":
             return httpx.Response(200, json={"max_total_num_tokens": 65536, "chunked_prefill_size": 4096})

@@ -51,7 +51,7 @@ def replay(trace, sim, offline_all_at_zero):
         seq = 0
         submits = [op for op in trace if op[0] in ("submit", "queued")]
         if offline_all_at_zero:  # every request was sent at t=0: acquire them all first, in order
-            for _, t, rid, tokens, keys in submits:
+            for _, _t, rid, tokens, keys in submits:
                 tasks[rid] = asyncio.ensure_future(sched.acquire(Job(rid=rid, prompt_lens=[tokens], keys=[keys],
                                                                      arrived=0.0)))
                 await settle()

@@ -141,7 +141,6 @@ def test_streaming_on_a_gpu_refuses_cuda_graphs(monkeypatch):
     profile_dir = export_runtime(["--disable-cuda-graph"], MoeArgs(weight_streaming="host", stream_window=3),
                                  cpu_engine=False)
     import os
-
     from dataclasses import asdict
 
     assert json.loads(os.environ[ENV_VAR]) == {"moe": asdict(MoeArgs(weight_streaming="host", stream_window=3)),

@@ -1,7 +1,16 @@
 """The oracle cache on hand-made requests and on generated ones."""
 
-from sgl_moe.workloads import (PAGE, OracleCache, Segment, WorkloadConfig, WorkloadRequest, generate, literal,
-                               oracle_cached_tokens, unit_segments)
+from sgl_moe.workloads import (
+    PAGE,
+    OracleCache,
+    Segment,
+    WorkloadConfig,
+    WorkloadRequest,
+    generate,
+    literal,
+    oracle_cached_tokens,
+    unit_segments,
+)
 
 
 def req(rid, context, kind="classify", choices=()):

@@ -7,8 +7,15 @@ taken from the package), so the segment cut of ``unit_segments`` is checked agai
 import pytest
 from tokenizers import Tokenizer
 
-from sgl_moe.workloads import (WorkloadConfig, generate, prompt_text, prompt_tokens, segment_token_ids, to_task,
-                               unit_segments)
+from sgl_moe.workloads import (
+    WorkloadConfig,
+    generate,
+    prompt_text,
+    prompt_tokens,
+    segment_token_ids,
+    to_task,
+    unit_segments,
+)
 from sgl_moe.workloads.segments import TOKENIZER_PATH
 
 
