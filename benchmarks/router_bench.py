@@ -124,6 +124,8 @@ def stand_in_worker_app() -> web.Application:
     app.router.add_get("/sgl_moe/tokenizer.json", lambda r: web.Response(body=tok, content_type="application/json"))
     app.router.add_get("/sgl_moe/tokenizer_config.json",
                        lambda r: web.Response(body=tok_cfg, content_type="application/json"))
+    app.router.add_get(wire.TOKENIZER_FILES_PATH + "/{name}",  # every file the info lists
+                       lambda r: web.FileResponse(DEFAULT_MODEL_DIR / r.match_info["name"]))
     app.router.add_get("/health", lambda r: web.Response(text="ok"))
     app.router.add_post("/generate", generate)
     return app

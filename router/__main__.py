@@ -8,10 +8,12 @@ import sys
 from aiohttp import web
 
 from sgl_moe.router.config import RouterConfig
+from sgl_moe.router.router_tokenizer import keep_torch_out
 from sgl_moe.router.service import build_app, tune_gc
 
 
 def main(argv: list[str] | None = None) -> int:
+    keep_torch_out()  # the router's tokenizer loads transformers, which would import an installed torch
     parser = RouterConfig.parser()
     try:
         cfg = RouterConfig.from_argv(argv)

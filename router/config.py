@@ -51,6 +51,19 @@ class RouterConfig:
     """Logging level; debug prints one line per routing decision."""
     debug_drop_event_seqs: str = ""
     """Fault injection for tests: comma-separated KV-event sequence numbers to drop on receipt."""
+    tokenizer_path: str | None = None
+    """Plain SGLang workers (no /sgl_moe/info): local directory with the model's tokenizer files, which the
+    router loads as SGLang does to hash prompts. Default: the server's tokenizer_path when it is such a
+    directory on the router's machine."""
+    model_dir: str | None = None
+    """Plain SGLang workers: local directory with the model's config.json (FLOPs constants, context length).
+    Default: the server's model_path when it is such a directory on the router's machine."""
+    page_size: int | None = None
+    """Plain SGLang workers: page size (tokens per KV block), overriding the one /server_info reports."""
+    kv_events_config: str | None = None
+    """Plain SGLang workers: their --kv-events-config JSON (publisher, endpoint, replay_endpoint, topic),
+    overriding the publisher /server_info reports; rank r publishes on the endpoint's port + r.
+    '{"publisher": "null"}': subscribe to none."""
     worker_urls: tuple[str, ...] = field(default=())
 
     def validate(self) -> None:
@@ -72,6 +85,9 @@ class RouterConfig:
             if not url.startswith(("http://", "https://")):
                 raise ValueError(f"worker URL must start with http:// or https://, got {url!r}")
         self.drop_seqs()
+        from sgl_moe.router.plain_worker import check_flags  # here, so that this module stays a leaf
+
+        check_flags(self)
 
     def drop_seqs(self) -> frozenset[int]:
         try:
@@ -85,8 +101,8 @@ class RouterConfig:
             prog="python -m sgl_moe.router",
             description="Prefix-aware, FLOPs-aware router in front of sgl_moe workers (SGLang).")
         parser.add_argument("--worker-urls", nargs="*", default=[], metavar="URL",
-                            help="base URLs of workers started with `python -m sgl_moe.launch_server` "
-                                 "(more can be added at run time with POST /workers)")
+                            help="base URLs of workers started with `python -m sgl_moe.launch_server`, or plain SGLang "
+                                 "servers (see --tokenizer-path; more can be added at run time with POST /workers)")
         add_dataclass_args(parser, RouterConfig, "", "router options", exclude=("worker_urls",))
         return parser
 

@@ -1,26 +1,38 @@
 """Discovery: what a worker URL serves, learned over HTTP, and whether it may join the pool.
 
 A worker is described by ``GET /sgl_moe/info``, decoded once into ``WorkerInfo`` (a reply that does not
-decode is refused with a 400 naming the field), and by its tokenizer files, which the router needs to
-hash prompts exactly as the worker's cache does.
+decode is refused with a 400 naming the field), and by its tokenizer files (every file SGLang's
+``AutoTokenizer`` may read), which the router loads as SGLang does to hash prompts exactly as the worker's cache does.
 """
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import aiohttp
 
+from sgl_moe.router.plain_worker import PlainWorkers
 from sgl_moe.router.router_tokenizer import RouterTokenizer
 from sgl_moe.router.worker import WorkerError
-from sgl_moe.wire import INFO_PATH, WireError, WorkerInfo, decode_info
+from sgl_moe.wire import (
+    INFO_PATH,
+    TOKENIZER_FILES_PATH,
+    TokenizerFiles,
+    WireError,
+    WorkerInfo,
+    decode_info,
+    is_tokenizer_file_name,
+)
 
 
 class Discovery:
     """Reads a worker's info and tokenizer through the router's one HTTP session."""
 
-    def __init__(self, session: aiohttp.ClientSession | None) -> None:
+    def __init__(self, session: aiohttp.ClientSession | None, plain: PlainWorkers | None = None) -> None:
         self.session = session
+        self.plain = plain
+        """Reads plain SGLang workers (no ``/sgl_moe/info``); None: they are refused."""
 
     async def get(self, url: str, timeout: float = 10.0) -> aiohttp.ClientResponse:
         return await self.session.get(url, timeout=aiohttp.ClientTimeout(total=timeout))
@@ -28,6 +40,8 @@ class Discovery:
     async def fetch_info(self, url: str) -> WorkerInfo:
         try:
             async with await self.get(f"{url}{INFO_PATH}") as resp:
+                if resp.status == 404 and self.plain is not None:
+                    return await self.plain.read(self.get, url)
                 if resp.status == 404:
                     raise WorkerError(400, f"{url} is not an sgl_moe worker (GET {INFO_PATH} answered 404); "
                                            "start it with `python -m sgl_moe.launch_server`")
@@ -39,22 +53,38 @@ class Discovery:
         return decode(url, data)
 
     async def fetch_tokenizer(self, url: str, info: WorkerInfo) -> RouterTokenizer:
-        tok = info.tokenizer
-        if not tok.tokenizer_json_url:
-            raise WorkerError(400, f"{url}: the worker's tokenizer has no tokenizer.json; the router needs it to "
-                                   "hash prompts")
+        """The worker's tokenizer, loaded from its files as SGLang loads it (off the event loop: it takes
+        tens of milliseconds, and the first load imports transformers)."""
+        if self.plain is not None and self.plain.learned_about(url, info) is not None:
+            return await asyncio.to_thread(self.plain.tokenizer, info)  # from the router's local directory
+        files = await self.fetch_tokenizer_files(url, info.tokenizer)
         try:
-            async with await self.get(url + tok.tokenizer_json_url, timeout=60) as resp:
+            return await asyncio.to_thread(RouterTokenizer.from_file_bytes, files)
+        except Exception as exc:  # transformers and the tokenizers library raise many types on bad files
+            raise WorkerError(400, f"{url}: cannot load the worker's tokenizer from {sorted(files)}: "
+                                   f"{type(exc).__name__}: {exc}") from None
+
+    async def fetch_tokenizer_files(self, url: str, tok: TokenizerFiles) -> dict[str, bytes]:
+        """Name -> bytes of every tokenizer file the worker serves (an older worker: the two it serves)."""
+        if tok.files:
+            paths = {name: f"{TOKENIZER_FILES_PATH}/{name}" for name in tok.files if is_tokenizer_file_name(name)}
+        else:
+            paths = {name: path for name, path in (("tokenizer.json", tok.tokenizer_json_url),
+                                                   ("tokenizer_config.json", tok.tokenizer_config_url)) if path}
+        if not paths:
+            raise WorkerError(400, f"{url}: the worker serves no tokenizer files (its tokenizer path: {tok.path!r}); "
+                                   "the router needs them to hash prompts")
+
+        async def fetch(path: str) -> bytes:
+            async with await self.get(url + path, timeout=60) as resp:
                 resp.raise_for_status()
-                tokenizer_json = await resp.read()
-            config = None
-            if tok.tokenizer_config_url:
-                async with await self.get(url + tok.tokenizer_config_url, timeout=60) as resp:
-                    resp.raise_for_status()
-                    config = await resp.json(content_type=None)
-        except (TimeoutError, aiohttp.ClientError, ValueError) as exc:
+                return await resp.read()
+
+        try:
+            bodies = await asyncio.gather(*(fetch(path) for path in paths.values()))
+        except (TimeoutError, aiohttp.ClientError) as exc:
             raise WorkerError(502, f"cannot fetch the tokenizer from {url}: {exc}") from None
-        return RouterTokenizer.from_files(tokenizer_json, config)
+        return dict(zip(paths, bodies, strict=True))
 
 
 def decode(url: str, data: Any) -> WorkerInfo:

@@ -9,13 +9,16 @@ reach the client byte for byte.
 
 from __future__ import annotations
 
+import logging
 from typing import Any, Literal
 
 import orjson
 from aiohttp import web
 
+log = logging.getLogger("sgl_moe.router")
+
 ErrorKind = Literal["invalid_request_error", "not_found_error", "rate_limit_exceeded", "unavailable",
-                    "worker_failure", "not_supported", "request_failed"]
+                    "worker_failure", "not_supported", "request_failed", "internal_error"]
 """The ``type`` field of an error body."""
 
 
@@ -61,7 +64,8 @@ def request_error_response(exc: RequestError) -> web.Response:
 
 @web.middleware
 async def json_errors(request: web.Request, handler: Any) -> web.StreamResponse:
-    """Unknown paths and methods get JSON errors like every other router answer."""
+    """Unknown paths and methods, and any exception a handler lets escape (a router bug: logged with its
+    traceback), get JSON errors like every other router answer."""
     try:
         return await handler(request)
     except web.HTTPNotFound:
@@ -72,3 +76,13 @@ async def json_errors(request: web.Request, handler: Any) -> web.StreamResponse:
                                    f"(allowed: {', '.join(sorted(exc.allowed_methods))})")
     except web.HTTPRequestEntityTooLarge as exc:
         return error_response(413, f"request body too large: {exc.text}")
+    except web.HTTPException as exc:
+        if exc.status < 400:
+            raise
+        return error_response(exc.status, exc.text or exc.reason,
+                              kind="not_found_error" if exc.status == 404 else "invalid_request_error")
+    except Exception as exc:
+        if request.writer.output_size > 0:  # part of a response is out: aiohttp closes the connection
+            raise
+        log.exception("%s %s failed inside the router", request.method, request.path)
+        return error_response(500, f"internal router error: {type(exc).__name__}: {exc}", kind="internal_error")

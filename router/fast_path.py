@@ -4,7 +4,8 @@ With one Θ and one FLOPs model for all workers (``LoadOrder.uniform``), every w
 the job costs the same, and each ordering the policies use (load; load after the job) is monotone in
 in-flight FLOPs, so the best of those workers is found in the load order. Only the workers holding a
 prefix of the job and those few representatives are scored. Among the holders of a prefix, the policy's
-rank is (matched blocks, lower load, higher id): the longest group first, then load order.
+rank is (matched blocks, lower load, higher id): the longest group first, then load order. A job without
+block keys (no affinity) is placed by load alone: the least-loaded admissible worker, ties in turn.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from sgl_moe.router.candidates import Candidate, job_cost, score_matched, score_
 from sgl_moe.router.config import RouterConfig
 from sgl_moe.router.job import Job
 from sgl_moe.router.load_order import LoadOrder
-from sgl_moe.router.policy import Decision, PlacementPolicy
+from sgl_moe.router.policy import BY_LOAD, Decision, PlacementPolicy
 from sgl_moe.router.worker import Worker
 
 
@@ -27,10 +28,12 @@ class FastPath:
         self.policy = policy
 
     def decide(self, job: Job, view: LoadOrder, workers: list[Worker]) -> Decision | None:
+        policy = self.cfg.policy
+        if not job.affinity and policy != "round_robin":
+            return self._decide_by_load(job, view)
         if len(job.prompt_lens) != 1 or not view.single_slot:
             return self._decide_among_matched(job, view, workers)
-        policy = self.cfg.policy
-        keys = job.keys[0]
+        keys = job.keys[0] if job.keys else []
         groups = self.index.match_groups(keys, view.mask) if keys else []
         if policy == "round_robin":
             w = self.policy.next_round_robin(job, workers)
@@ -63,6 +66,17 @@ class FastPath:
             alt_w = view.least(lambda x: x / theta, highest_id=True, skip=matched)
         alt = score_one(job, alt_w, groups)
         return self.policy.longest_block_match(job, [best, alt], [alt])
+
+    def _decide_by_load(self, job: Job, view: LoadOrder) -> Decision | None:
+        """``PlacementPolicy.by_load`` in the load order: no worker holds anything of a job without keys."""
+        w = view.least_in_turn(self.policy.last_by_load)
+        if w is None:
+            return None
+        job.waiting_for = None
+        self.policy.took_by_load(w)
+        rank, slot = min(w.slots.items())  # nothing matched: the lowest DP rank, as score_all picks
+        zero = (0,) * len(job.prompt_lens)
+        return Candidate(w, slot, rank, 0, zero, job_cost(w, job, list(zero))), BY_LOAD
 
     def _decide_among_matched(self, job: Job, view: LoadOrder, workers: list[Worker]) -> Decision | None:
         """Several prompts or DP ranks: every worker holding a prefix, scored, plus the least-loaded

@@ -17,7 +17,8 @@ class Job:
     rid: str
     prompt_lens: list[int]
     keys: list[list[int]]
-    """Block hashes of each prompt; empty lists when the request is routed without affinity."""
+    """Block hashes of each prompt (one list per prompt, empty for a prompt shorter than a page); no lists
+    at all (``[]``) when the request is routed without affinity: it is then placed by load alone."""
     shared_prefix_len: int = 0
     max_new_tokens: int = 1
     exclude: frozenset[str] = frozenset()
@@ -29,6 +30,11 @@ class Job:
     waiting_cost: float = 0.0
     held: bool = False
     """Waited (or waits) for promised prefix blocks to be stored (see ``Scheduler``'s prefix wait)."""
+
+    @property
+    def affinity(self) -> bool:
+        """Whether the job is placed by the prefix its workers hold (else by load alone)."""
+        return bool(self.keys)
 
 
 @dataclass(eq=False)

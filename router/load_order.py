@@ -16,11 +16,13 @@ from __future__ import annotations
 
 from bisect import bisect_left, bisect_right, insort
 from collections.abc import Callable
+from itertools import chain
 from operator import itemgetter
 
 from sgl_moe.router.worker import Worker
 
 _inflight = itemgetter(0)
+_load_and_id = itemgetter(0, 1)
 
 DIRECT_GROUP = 16
 """A group of at most this many workers is searched directly rather than along the load order."""
@@ -103,6 +105,21 @@ class LoadOrder:
                     break
             i = j
         return best
+
+    def least_in_turn(self, after: str | None) -> Worker | None:
+        """The admissible worker of least in-flight FLOPs; among equally loaded ones, the first whose id
+        follows ``after`` (wrapping), so that successive picks among ties take turns."""
+        entries = self._entries
+        if not entries or entries[0][0] >= self.theta:
+            return None  # one Θ: the least loaded is below it or nobody is
+        x = entries[0][0]
+        end = bisect_right(entries, x, key=_inflight)
+        start = 0 if after is None else bisect_right(entries, (x, after), hi=end, key=_load_and_id)
+        for k in chain(range(start, end), range(start)):
+            w = entries[k][2]
+            if w.admissible:
+                return w
+        return None
 
     def best_in(self, mask: int, *, admissible: bool) -> Worker | None:
         """Among the workers with a slot in ``mask`` (and below Θ with ``admissible``): the lowest load,

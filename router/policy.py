@@ -5,6 +5,11 @@ saturated, the job either waits for it or spills to the best worker with room: i
 recomputing the prefix there finishes sooner than the work queued ahead on the best worker (equal-speed
 workers), or when it has waited ``max_affinity_wait_s`` already.
 
+A job without block keys (``Job.affinity`` False: the router could not compute the exact prompt ids, or the
+request's KV namespace is not hashed) is placed by load alone under ``longest_block_match`` and
+``least_flops``: the least in-flight FLOPs relative to Θ among admissible workers, ties taken in turn
+(``by_load``).
+
 A decision is ``(candidate, reason)``; ``(None, reason)`` when the job waits for a saturated worker
 (``job.waiting_for``), and None when no candidate has room.
 """
@@ -24,6 +29,9 @@ log = logging.getLogger("sgl_moe.router.decisions")
 
 Decision = tuple[Candidate | None, str]
 
+BY_LOAD = "no affinity: least in-flight FLOPs / Θ, ties in turn"
+"""The reason logged for a job placed by load alone."""
+
 
 class PlacementPolicy:
     """The configured policy, with the round-robin turn both placement paths share."""
@@ -37,6 +45,9 @@ class PlacementPolicy:
         self.queued_cost_before = queued_cost_before
         """FLOPs of the queued jobs ahead of a job that also wait for a worker (the scheduler's queue)."""
         self._rr = itertools.count()
+        self.last_by_load: str | None = None
+        """Id of the worker the last job placed by load alone went to: equally loaded workers are taken in
+        turn after it (shared by both placement paths, as the round-robin turn is)."""
 
     def choose(self, job: Job, cands: list[Candidate]) -> Decision | None:
         """The policy's pick among scored candidates (both placement paths end here unless they pick alone)."""
@@ -48,6 +59,8 @@ class PlacementPolicy:
         if policy == "round_robin":
             choice = admissible[next(self._rr) % len(admissible)]
             reason = "round robin"
+        elif not job.affinity:
+            choice, reason = self.by_load(admissible)
         elif policy == "least_flops":
             choice = min(admissible, key=lambda c: (c.load, c.worker.id))
             reason = "least in-flight FLOPs / Θ"
@@ -59,6 +72,20 @@ class PlacementPolicy:
             reason += "; matched blocks per candidate: " + ", ".join(
                 f"{c.worker.id}={c.matched_blocks}{'' if c.worker.admissible else ' (saturated)'}" for c in cands)
         return choice, reason
+
+    def by_load(self, admissible: list[Candidate]) -> Decision:
+        """The least in-flight FLOPs / Θ; among equal loads, the first worker id after the last one taken
+        this way (wrapping), so equally loaded workers take turns."""
+        least = min(c.load for c in admissible)
+        tied = sorted((c for c in admissible if c.load == least), key=lambda c: c.worker.id)
+        after = self.last_by_load
+        choice = next((c for c in tied if after is None or c.worker.id > after), tied[0])
+        self.took_by_load(choice.worker)
+        return choice, BY_LOAD
+
+    def took_by_load(self, worker: Worker) -> None:
+        """``worker`` took a job placed by load alone (the fast path picks it itself, then calls this)."""
+        self.last_by_load = worker.id
 
     def next_round_robin(self, job: Job, workers: list[Worker]) -> Worker | None:
         """The next admissible worker in turn (None: all saturated, the job keeps waiting)."""

@@ -48,6 +48,11 @@ from sgl_moe.router.request_fields import (
 )
 from sgl_moe.router.router_tokenizer import RouterTokenizer
 
+NO_CHAT_TEMPLATE = ("this model's tokenizer has no chat template (tokenizer.chat_template is not set), so "
+                    "/v1/chat/completions cannot render messages; send input_ids, or a prompt to /v1/completions")
+"""SGLang 0.5.23 answers such a chat request 400 (transformers' ValueError in ``apply_chat_template``,
+``serving_base.handle_request``); the router answers the same status in its own shape without a round trip."""
+
 
 def parse_request(endpoint: str, raw: bytes, *, tokenizer: RouterTokenizer, served_model_name: str,
                   context_length: int) -> ParsedRequest:
@@ -170,6 +175,8 @@ def _parse_chat(ctx: _Context) -> ParsedRequest:
     if body.get("input_ids") is not None:  # SGLang then skips the template
         _, prompts = id_prompts(body["input_ids"], "input_ids", batch=False)
         affinity = True
+    elif not tok.has_chat_template:
+        raise RequestError(400, NO_CHAT_TEMPLATE, "messages")
     else:
         prompt, affinity = chat_prompt(tok, messages, body, kwargs)
         if not prompt:

@@ -1,199 +1,280 @@
-"""The token ids an SGLang 0.5.23 worker computes for a prompt, without transformers.
+"""The token ids an SGLang 0.5.23 worker computes for a prompt: the worker's own tokenizer, loaded as SGLang loads it.
 
-SGLang loads its tokenizer with ``AutoTokenizer.from_pretrained`` (transformers 5,
-``sglang/srt/utils/hf_transformers/tokenizer.py: get_tokenizer``) and encodes a ``/generate``
-text prompt with ``tokenizer(text)["input_ids"]``, i.e. ``add_special_tokens=True``
-(``sglang/srt/managers/tokenizer_manager.py: _tokenize_texts``). What that call adds depends on
-the tokenizer class named in ``tokenizer_config.json``:
+Loading (``load_like_sglang``) repeats SGLang's ``get_tokenizer``
+(``sglang/srt/utils/hf_transformers/tokenizer.py``) for a local directory holding the files the worker serves
+(``wire.TokenizerFiles``), without importing sglang: ``AutoTokenizer.from_pretrained`` with SGLang's arguments,
+its retry when that gives the generic ``TokenizersBackend`` (``_resolve_tokenizers_backend``), then its post-load
+fixes; each step names the function it mirrors. Not mirrored (the worker is then still served, but the ids may
+differ, which the pool's check against the worker catches): GGUF and tiktoken files, mistral-common tokenizers,
+remote code (the worker's ``--trust-remote-code``), ``--tokenizer-backend fastokens``, multimodal processors.
 
-* The generic backend (no class, ``PreTrainedTokenizerFast`` or ``TokenizersBackend``) runs
-  ``tokenizer.json`` as is: transformers drops ``add_bos_token`` / ``add_eos_token`` from the
-  config when a ``tokenizer.json`` exists (``tokenization_utils_base.py: _from_pretrained``), so
-  special tokens come only from the file's post-processor (none when it is null). Named special
-  tokens of the config that the file lacks are added as special tokens
-  (``tokenization_utils_tokenizers.py: TokenizersBackend.__init__``). This module reproduces that
-  exactly (``exact`` is True).
-* Model-specific classes (``LlamaTokenizerFast``, ``Qwen2Tokenizer``, ...) rebuild the normalizer
-  and pre-tokenizer from class defaults in transformers 5, and SGLang restores ``add_bos_token``
-  (default True) for the Llama, CodeLlama, Gemma and Cohere classes
-  (``_fix_v5_add_bos_eos_token``). The ids here are then a best estimate (``exact`` is False) until
-  the caller has checked them against the worker (e.g. its ``/v1/tokenize``) and set ``exact``.
+Encoding is what the tokenizer manager does with ``/generate`` text (``tokenizer_manager.py: _tokenize_texts``):
+``tokenizer(texts)["input_ids"]`` for a fast tokenizer, ``tokenizer.encode(text)`` for each text otherwise;
+special tokens added. Chat prompts render with ``apply_chat_template(tokenize=False, return_dict=False)`` as
+``serving_chat.py: _render_and_encode_chat_template`` calls it, with the template SGLang's template manager
+selects (the first of several named ones: ``template_manager.py: _select_named_template``).
 
-Chat templates render as ``PreTrainedTokenizerBase.apply_chat_template(tokenize=False)`` does
-(``transformers/utils/chat_template_utils.py``): a sandboxed Jinja environment with
-``trim_blocks``, ``lstrip_blocks``, ``loopcontrols``, a non-escaping ``tojson``, the
-``raise_exception`` and ``strftime_now`` helpers, and the named special tokens as variables.
-A list of named templates resolves to the first one, as SGLang's template manager picks it
-(``sglang/srt/parser/template_manager.py: _select_named_template``).
+transformers imports an installed torch when it is imported (``keep_torch_out`` stops that in the router's
+process) and is imported here only when the first tokenizer is built.
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
-from datetime import datetime
-from typing import Any
+import logging
+import os
+import sys
+import tempfile
+from collections.abc import Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import jinja2
-import jinja2.ext
-from jinja2.sandbox import ImmutableSandboxedEnvironment
-from tokenizers import AddedToken, Tokenizer
-from tokenizers.processors import TemplateProcessing
+
+from sgl_moe.wire import TOKENIZER_FILE_NAMES, is_tokenizer_file_name
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
+log = logging.getLogger("sgl_moe.router.tokenizer")
 
 SPECIAL_TOKEN_ATTRIBUTES = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token",
                             "mask_token")
-"""transformers' named special tokens, in the order it adds missing ones; also the template variables."""
+"""transformers' named special tokens."""
 
-GENERIC_TOKENIZER_CLASSES = frozenset({"PreTrainedTokenizerFast", "TokenizersBackend"})
-"""Classes transformers 5 loads as the plain ``tokenizer.json`` pipeline."""
+LOAD_KWARGS: dict[str, Any] = dict(trust_remote_code=False, tokenizer_revision=None, clean_up_tokenization_spaces=False,
+                                   use_fast=True, revision=None)
+"""``get_tokenizer``'s ``common_kwargs`` for a worker started with SGLang's defaults (``--tokenizer-mode auto``,
+no ``--trust-remote-code``, no ``--revision``)."""
 
-BOS_RESTORING_CLASSES = frozenset({"LlamaTokenizer", "LlamaTokenizerFast", "CodeLlamaTokenizer",
-                                   "CodeLlamaTokenizerFast", "GemmaTokenizer", "GemmaTokenizerFast",
-                                   "CohereTokenizerFast"})
-"""Classes whose ``add_bos_token`` SGLang restores after loading (default True)."""
+V4_CLASSES_WITH_BOS_EOS_FLAGS = frozenset({"LlamaTokenizer", "LlamaTokenizerFast", "CodeLlamaTokenizer",
+                                           "CodeLlamaTokenizerFast", "GemmaTokenizer", "GemmaTokenizerFast",
+                                           "CohereTokenizerFast"})
+"""Classes whose ``add_bos_token`` / ``add_eos_token`` SGLang restores after loading (``_fix_v5_add_bos_eos_token``)."""
+
+VOCABULARY_FILES = tuple(name for name in TOKENIZER_FILE_NAMES if name not in (
+    "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json", "config.json", "chat_template.jinja",
+    "chat_template.json"))
+"""At least one must be there: without, transformers builds the model type's class with an empty vocabulary."""
+
+STOCK_ENCODE_METHODS = ("__call__", "encode", "_encode_plus", "_convert_encoding")
+"""A fast tokenizer that overrides none of these encodes exactly as its Rust backend's ``encode_batch``."""
 
 
 class NoChatTemplate(Exception):
-    """The tokenizer config has no chat template."""
+    """The tokenizer has no chat template."""
 
 
 class ChatTemplateError(Exception):
     """The chat template failed to render these messages (``raise_exception`` or a Jinja error)."""
 
 
-def _token_content(value: Any) -> str | None:
-    """A special token as the config writes it: a string or an AddedToken dict."""
-    if isinstance(value, dict):
-        return value.get("content")
-    return value if isinstance(value, str) else None
+def keep_torch_out() -> None:
+    """Make this process's transformers load without torch; for the router's own process, before any import of it.
+
+    transformers imports an installed torch with ``AutoTokenizer`` (``configuration_utils`` -> ``generation`` ->
+    ``logits_process``): measured here 4.4 s and 700 MB, against 1.5 s and 80 MB without; tokenizers need none
+    of it. A ``None`` entry in ``sys.modules`` makes ``importlib.util.find_spec("torch")`` answer None, which
+    transformers reads as "torch is not installed" (``is_torch_available``), and makes ``import torch`` fail.
+    """
+    if "transformers" in sys.modules:
+        log.warning("transformers is already imported; too late to keep torch out of this process")
+        return
+    sys.modules.setdefault("torch", None)
+    os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")  # its "PyTorch was not found" advice
 
 
-def _added_token(value: Any) -> AddedToken:
-    """The special AddedToken transformers adds for a config entry missing from ``tokenizer.json``."""
-    if isinstance(value, dict):
-        flags = {k: value[k] for k in ("single_word", "lstrip", "rstrip", "normalized") if k in value}
-        return AddedToken(value["content"], special=True, **flags)
-    return AddedToken(value, special=True)
+def load_like_sglang(directory: str | Path) -> PreTrainedTokenizerBase:
+    """The tokenizer SGLang's ``get_tokenizer(directory)`` returns, for a worker with SGLang's default flags."""
+    import transformers
+    from transformers import AutoTokenizer
+
+    name = str(directory)
+    tokenizer = AutoTokenizer.from_pretrained(name, **LOAD_KWARGS)
+    if type(tokenizer).__name__ == "TokenizersBackend":  # _resolve_tokenizers_backend
+        slow = {**LOAD_KWARGS, "use_fast": False}
+        tokenizer = AutoTokenizer.from_pretrained(name, **slow)
+        if type(tokenizer).__name__ == "TokenizersBackend":  # _load_tokenizer_by_declared_class
+            declared = _tokenizer_config(directory).get("tokenizer_class")
+            cls = getattr(transformers, declared, None) if declared and declared not in (
+                "PreTrainedTokenizer", "PreTrainedTokenizerBase") else None
+            if cls is not None:
+                try:
+                    tokenizer = cls.from_pretrained(name, **slow)
+                except (OSError, ValueError, TypeError, ImportError) as exc:
+                    log.warning("loading %s as %s failed (%s); keeping AutoTokenizer's result", name, declared, exc)
+    _restore_backend_components(tokenizer, Path(directory))
+    _restore_bos_eos_flags(tokenizer, _tokenizer_config(directory))
+    if getattr(tokenizer, "special_tokens_pattern", None) == "cls_sep" and (  # _fix_special_tokens_pattern
+            tokenizer.cls_token_id is None or tokenizer.sep_token_id is None):
+        tokenizer.special_tokens_pattern = "none"
+    if isinstance(tokenizer.chat_template, dict) and tokenizer.chat_template:  # template_manager: first named one
+        tokenizer.chat_template = next(iter(tokenizer.chat_template.values()))
+    return tokenizer
 
 
-class _GenerationTag(jinja2.ext.Extension):
-    """``{% generation %}...{% endgeneration %}``: renders its body (HF uses it for assistant masks)."""
-
-    tags = {"generation"}
-
-    def parse(self, parser: Any) -> jinja2.nodes.Node:
-        lineno = next(parser.stream).lineno
-        body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
-        return jinja2.nodes.CallBlock(self.call_method("_render"), [], [], body).set_lineno(lineno)
-
-    def _render(self, caller: Any) -> str:
-        return caller()
+def _tokenizer_config(directory: str | Path) -> dict[str, Any]:
+    try:
+        config = json.loads((Path(directory) / "tokenizer_config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return config if isinstance(config, dict) else {}
 
 
-def _raise_exception(message: str) -> None:
-    raise jinja2.exceptions.TemplateError(message)
+def _restore_backend_components(tokenizer: Any, directory: Path) -> None:
+    """SGLang's ``_fix_v5_tokenizer_components``: a class whose ``__init__`` rebuilt the pre-tokenizer (Llama's
+    Metaspace over a ByteLevel ``tokenizer.json``) gets the file's pre-tokenizer and decoder back."""
+    backend = getattr(tokenizer, "_tokenizer", None)
+    path = directory / "tokenizer.json"
+    if backend is None or not path.is_file():
+        return
+    from tokenizers import Tokenizer
+
+    try:
+        raw = Tokenizer.from_file(str(path))
+    except Exception as exc:  # the tokenizers library raises plain Exception on a bad file
+        log.warning("cannot read %s to compare pre-tokenizers: %s", path, exc)
+        return
+    raw_pre = type(raw.pre_tokenizer).__name__ if raw.pre_tokenizer else None
+    loaded_pre = type(backend.pre_tokenizer).__name__ if backend.pre_tokenizer else None
+    if raw_pre and loaded_pre and raw_pre != loaded_pre:
+        backend.pre_tokenizer, backend.decoder = raw.pre_tokenizer, raw.decoder
 
 
-def _tojson(x: Any, ensure_ascii: bool = False, indent: int | None = None, separators: Any = None,
-            sort_keys: bool = False) -> str:
-    return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+def _restore_bos_eos_flags(tokenizer: Any, config: dict[str, Any]) -> None:
+    """SGLang's ``_fix_v5_add_bos_eos_token``: transformers 5 drops ``add_bos_token`` / ``add_eos_token`` when a
+    ``tokenizer.json`` exists; SGLang restores them (v4 defaults: BOS on, EOS off; EOS never for a fast tokenizer)
+    for the classes that had the flags in v4, and rebuilds the post-processor."""
+    if config.get("tokenizer_class", "") not in V4_CLASSES_WITH_BOS_EOS_FLAGS:
+        return
+    from transformers import PreTrainedTokenizerFast
+
+    changed = False
+    for attr, default in (("add_bos_token", True), ("add_eos_token", False)):
+        value = config.get(attr)
+        if value is None or (attr == "add_eos_token" and isinstance(tokenizer, PreTrainedTokenizerFast)):
+            value = default
+        if getattr(tokenizer, attr, None) != value:
+            setattr(tokenizer, f"_{attr}", value)  # the property reads the private attribute
+            changed = True
+    if changed and hasattr(tokenizer, "update_post_processor"):
+        tokenizer.update_post_processor()
 
 
-def _compile_template(source: str) -> jinja2.Template:
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
-                                        extensions=[_GenerationTag, jinja2.ext.loopcontrols])
-    env.filters["tojson"] = _tojson
-    env.globals["raise_exception"] = _raise_exception
-    env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
-    return env.from_string(source)
+def _generic(directory: Path) -> PreTrainedTokenizerBase:
+    """transformers' generic class over ``tokenizer.json``: the fallback when SGLang's way does not load here."""
+    from transformers import PreTrainedTokenizerFast
+
+    return PreTrainedTokenizerFast.from_pretrained(str(directory), **LOAD_KWARGS)
 
 
-def _chat_template_source(config: dict[str, Any]) -> str | None:
-    template = config.get("chat_template")
-    if isinstance(template, list):  # [{"name": ..., "template": ...}, ...]: SGLang takes the first
-        return template[0]["template"] if template else None
-    if isinstance(template, dict):
-        return next(iter(template.values()), None)
-    return template or None
-
-
-@dataclass
 class RouterTokenizer:
-    """Encodes prompts to the ids an SGLang worker prefills; renders the model's chat template."""
+    """Encodes prompts to the ids an SGLang worker prefills; renders the model's chat template as the worker does."""
 
-    backend: Tokenizer
-    """``tokenizer.json`` with the post-processing and added tokens transformers applies."""
-    special_tokens: dict[str, str]
-    """Named special tokens (``bos_token``, ...) as strings: the chat template's variables."""
-    exact: bool
-    """True when ``encode`` is known to equal the worker's ids (see the module docstring)."""
-    chat_template: str | None = None
-    _template: jinja2.Template | None = field(default=None, init=False, repr=False, compare=False)
+    def __init__(self, hf: PreTrainedTokenizerBase, exact: bool = True, inexact_reason: str = "") -> None:
+        self.hf = hf
+        """The transformers tokenizer, as SGLang's ``get_tokenizer`` returns it."""
+        self.exact = exact
+        """True while ``encode`` is trusted to equal the worker's ids; requests then carry prefix affinity.
+        Hook for the pool: it calls ``mark_inexact`` when the worker's own ids disagree."""
+        self.inexact_reason = inexact_reason
+        self.special_tokens: dict[str, str] = {
+            attr: value for attr in SPECIAL_TOKEN_ATTRIBUTES if isinstance(value := getattr(hf, attr, None), str)}
+        """Named special tokens (``bos_token``, ...) as strings."""
+        self.backend = getattr(hf, "backend_tokenizer", None) if getattr(hf, "is_fast", False) else None
+        """The Rust ``tokenizers.Tokenizer`` of a fast tokenizer (None for a slow one)."""
+        self._stock = self.backend is not None and _stock_encoding(hf)
+        if self._stock:  # what every stock __call__ sets before encoding (set_truncation_and_padding)
+            self.backend.no_truncation()
+            self.backend.no_padding()
+            self.backend.encode_special_tokens = bool(getattr(hf, "split_special_tokens", False))
 
     @classmethod
-    def from_files(cls, tokenizer_json: bytes, tokenizer_config: dict | None) -> RouterTokenizer:
-        """Build from the bytes of ``tokenizer.json`` and the parsed ``tokenizer_config.json``."""
-        config = tokenizer_config or {}
-        backend = Tokenizer.from_str(tokenizer_json.decode("utf-8"))
-        backend.no_truncation()  # transformers disables both for an untruncated, unpadded call
-        backend.no_padding()
+    def from_dir(cls, directory: str | Path) -> RouterTokenizer:
+        """Load as SGLang does; if that fails (remote code, a class this transformers lacks), transformers'
+        generic class over ``tokenizer.json``, not exact."""
+        if not any((Path(directory) / name).is_file() for name in VOCABULARY_FILES):
+            raise ValueError(f"no vocabulary file (any of {', '.join(VOCABULARY_FILES)})")
+        try:
+            return cls(load_like_sglang(directory))
+        except Exception as exc:  # whatever transformers or a tokenizer class raises on files it cannot load
+            reason = f"SGLang's loader failed here ({type(exc).__name__}: {exc}); generic tokenizer.json loader"
+            hf = _generic(Path(directory))
+        log.warning("%s: %s", directory, reason)
+        return cls(hf, exact=False, inexact_reason=reason)
 
-        present = {token.content for token in backend.get_added_tokens_decoder().values()}
-        extra = config.get("extra_special_tokens") or config.get("additional_special_tokens") or []
-        if isinstance(extra, dict):
-            extra = list(extra.values())
-        for value in [config.get(attr) for attr in SPECIAL_TOKEN_ATTRIBUTES] + list(extra):
-            content = _token_content(value)
-            if content is not None and content not in present:
-                backend.add_tokens([_added_token(value)])
-                present.add(content)
-        backend.encode_special_tokens = bool(config.get("split_special_tokens", False))
+    @classmethod
+    def from_file_bytes(cls, files: Mapping[str, bytes]) -> RouterTokenizer:
+        """Load from the files a worker serves (name -> bytes), written to a private temporary directory."""
+        with tempfile.TemporaryDirectory(prefix="sgl_moe-tokenizer-") as tmp:
+            for name, data in files.items():
+                if not is_tokenizer_file_name(name):
+                    raise ValueError(f"{name!r} is not a tokenizer file name the router accepts")
+                path = Path(tmp) / name
+                path.parent.mkdir(parents=True, exist_ok=True)
+                path.write_bytes(data)
+            return cls.from_dir(tmp)
 
-        special_tokens = {attr: _token_content(config[attr]) for attr in SPECIAL_TOKEN_ATTRIBUTES
-                          if _token_content(config.get(attr)) is not None}
-        tokenizer_class = config.get("tokenizer_class")
-        if tokenizer_class in BOS_RESTORING_CLASSES and config.get("add_bos_token", True) is not False:
-            bos = special_tokens.get("bos_token")
-            if bos is not None and backend.token_to_id(bos) is not None:
-                backend.post_processor = TemplateProcessing(
-                    single=f"{bos}:0 $A:0", pair=f"{bos}:0 $A:0 {bos}:1 $B:1",
-                    special_tokens=[(bos, backend.token_to_id(bos))])
-        exact = tokenizer_class is None or tokenizer_class in GENERIC_TOKENIZER_CLASSES
-        return cls(backend=backend, special_tokens=special_tokens, exact=exact,
-                   chat_template=_chat_template_source(config))
+    @classmethod
+    def from_files(cls, tokenizer_json: bytes, tokenizer_config: dict | None = None) -> RouterTokenizer:
+        """Load from ``tokenizer.json`` and the parsed ``tokenizer_config.json`` alone."""
+        files = {"tokenizer.json": tokenizer_json}
+        if tokenizer_config is not None:
+            files["tokenizer_config.json"] = json.dumps(tokenizer_config).encode()
+        return cls.from_file_bytes(files)
 
-    def encode(self, text: str) -> list[int]:
-        """The ids SGLang prefills for ``text`` sent to ``/generate`` (special tokens added)."""
-        return self.backend.encode(text, add_special_tokens=True).ids
+    def mark_inexact(self, reason: str) -> None:
+        """Stop trusting ``encode`` (requests lose prefix affinity; ``/v1/classify`` answers 501)."""
+        self.exact, self.inexact_reason = False, reason
+        log.warning("router tokenizer no longer exact: %s", reason)
 
     def encode_batch(self, texts: list[str]) -> list[list[int]]:
-        """``encode`` for each text, in parallel (tokenizers' thread pool)."""
-        return [e.ids for e in self.backend.encode_batch(texts, add_special_tokens=True)]
+        """The ids SGLang prefills for each text sent to ``/generate`` (special tokens added)."""
+        if not texts:
+            return []
+        if self._stock:  # the same Rust call as tokenizer(texts), without building a BatchEncoding
+            return [e.ids for e in self.backend.encode_batch(texts, add_special_tokens=True)]
+        if self.backend is not None:
+            return self.hf(texts)["input_ids"]
+        return [self.hf.encode(t) for t in texts]
+
+    def encode(self, text: str) -> list[int]:
+        if self._stock:
+            return self.backend.encode(text, add_special_tokens=True).ids
+        return self.encode_batch([text])[0]
 
     def encode_plain(self, text: str) -> list[int]:
-        """The ids of ``text`` with no special tokens added (chat prompts, score items)."""
-        return self.backend.encode(text, add_special_tokens=False).ids
+        """The ids of ``text`` with no special tokens added (rendered chat prompts, score items)."""
+        if self._stock:
+            return self.backend.encode(text, add_special_tokens=False).ids
+        return self.hf.encode(text, add_special_tokens=False)
+
+    @property
+    def chat_template(self) -> str | None:
+        template = getattr(self.hf, "chat_template", None)
+        return template if isinstance(template, str) else None
 
     @property
     def has_chat_template(self) -> bool:
         return self.chat_template is not None
 
     def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True, **kw: Any) -> str:
-        """The chat prompt as text, as HF's ``apply_chat_template(tokenize=False)`` renders it.
+        """The chat prompt as text, as SGLang renders it (``kw``: ``tools`` and ``chat_template_kwargs`` entries).
 
-        ``kw`` are extra template variables (``tools``, ``chat_template_kwargs`` entries); they
-        override the special-token variables. Raises NoChatTemplate or ChatTemplateError.
-        """
+        Raises NoChatTemplate or ChatTemplateError."""
         if self.chat_template is None:
-            raise NoChatTemplate("this model's tokenizer config has no chat template")
-        if self._template is None:
-            try:
-                self._template = _compile_template(self.chat_template)
-            except jinja2.TemplateError as e:
-                raise ChatTemplateError(f"the chat template does not compile: {e}") from e
-        variables = {"tools": None, "documents": None, **self.special_tokens, **kw}
+            raise NoChatTemplate("this model's tokenizer has no chat template")
+        tools = kw.pop("tools", None)
         try:
-            return self._template.render(messages=messages, add_generation_prompt=add_generation_prompt,
-                                         **variables)
+            return self.hf.apply_chat_template(messages, tokenize=False, add_generation_prompt=add_generation_prompt,
+                                               tools=tools, return_dict=False, **kw)
         except (jinja2.TemplateError, TypeError, ValueError) as e:
             raise ChatTemplateError(str(e)) from e
+
+
+def _stock_encoding(hf: Any) -> bool:
+    from transformers import TokenizersBackend
+
+    cls = type(hf)
+    return isinstance(hf, TokenizersBackend) and all(
+        getattr(cls, m, None) is getattr(TokenizersBackend, m, None) for m in STOCK_ENCODE_METHODS)

@@ -12,7 +12,8 @@
   workers (``LoadOrder.uniform``) the ``FastPath`` scores the workers holding a prefix of the request plus
   the least-loaded admissible rest, found in a view sorted by in-flight FLOPs; otherwise (and for debug
   logs, which list every worker) every worker is scored (``candidates.score_all``). The choice itself is
-  the ``PlacementPolicy``'s.
+  the ``PlacementPolicy``'s. A job without block keys (``Job.affinity`` False) is placed by load alone on
+  both paths.
 - **Time** comes from ``clock`` (``time.monotonic`` by default), so a simulator can drive the scheduler
   on a virtual clock.
 """

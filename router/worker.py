@@ -14,7 +14,7 @@ from typing import Any
 from sgl_moe.flops import FlopsModel
 from sgl_moe.router.block_index import BlockIndex
 from sgl_moe.router.event_listener import EventListener
-from sgl_moe.wire import WorkerInfo
+from sgl_moe.wire import INFO_PATH, WorkerInfo
 
 HEALTHY, UNHEALTHY = "healthy", "unhealthy"
 PINNED_THETA_SOURCE = "router flag --saturation-flops"
@@ -51,7 +51,7 @@ class Worker:
     id: str
     url: str
     info: WorkerInfo
-    """``GET /sgl_moe/info`` as last installed (see ``install``)."""
+    """``GET /sgl_moe/info`` as last installed (see ``install``); for a plain SGLang worker, built by the router."""
     flops: FlopsModel
     theta: float
     theta_source: str
@@ -67,11 +67,16 @@ class Worker:
     counters: WorkerCounters = field(default_factory=WorkerCounters)
     listeners: list[EventListener] = field(default_factory=list)
     tasks: list[asyncio.Task] = field(default_factory=list)
+    learned: dict[str, str] = field(default_factory=dict)
+    """A plain SGLang worker (no ``/sgl_moe/info``): each field of ``info`` -> where the router learned it
+    (``plain_worker``). Empty for an sgl_moe worker, which reports all of it itself."""
 
     @classmethod
-    def from_info(cls, worker_id: str, url: str, info: WorkerInfo, pinned_theta: float | None) -> Worker:
+    def from_info(cls, worker_id: str, url: str, info: WorkerInfo, pinned_theta: float | None,
+                  learned: dict[str, str] | None = None) -> Worker:
         """A worker that has just joined: no slots yet, Θ installed from ``info`` (or pinned)."""
-        worker = cls(id=worker_id, url=url, info=info, flops=info.flops, theta=0.0, theta_source="", slots={})
+        worker = cls(id=worker_id, url=url, info=info, flops=info.flops, theta=0.0, theta_source="", slots={},
+                     learned=dict(learned or {}))
         worker.install(info, pinned_theta)
         return worker
 
@@ -82,7 +87,8 @@ class Worker:
         if pinned_theta is not None:
             self.theta, self.theta_source = pinned_theta, PINNED_THETA_SOURCE
         else:
-            self.theta, self.theta_source = info.saturation.flops, f"worker: {info.saturation.source}"
+            origin = "router" if self.learned else "worker"  # a plain worker's Θ is the router's estimate
+            self.theta, self.theta_source = info.saturation.flops, f"{origin}: {info.saturation.source}"
 
     @property
     def page_size(self) -> int:
@@ -104,7 +110,9 @@ class Worker:
             committed, pending = committed + c, pending + p
         return {
             "id": self.id, "url": self.url, "state": self.state, "model": self.info.model_name,
+            "model_path": self.info.model_path, "context_length": self.info.context_length,
             "page_size": self.page_size, "dp_size": len(self.slots),
+            "learned": self.learned or {"info": f"the worker itself (GET {INFO_PATH})"},
             "committed_blocks": committed, "pending_blocks": pending,
             "inflight_flops": self.inflight_flops, "theta_flops": self.theta, "theta_source": self.theta_source,
             "inflight_requests": self.inflight_requests, "peak_inflight_requests": self.peak_inflight_requests,

@@ -1,7 +1,8 @@
 """The worker pool: which workers the router knows, which are in rotation, and which slot is whose.
 
 Each worker is learned from its URL alone (``discovery``): model, page size, context length, tokenizer,
-FLOPs constants, Θ and KV-event endpoints, one BlockIndex target per attention-DP rank. The pool's parts
+FLOPs constants, Θ and KV-event endpoints, one BlockIndex target per attention-DP rank. A plain SGLang
+worker is learned from SGLang's own endpoints and the router's flags (``plain_worker``). The pool's parts
 keep it current: ``health`` takes workers out of rotation and back, ``events`` applies their KV events
 to the committed tables.
 """
@@ -19,6 +20,7 @@ from sgl_moe.router.discovery import Discovery, check_compatible
 from sgl_moe.router.event_sink import KvEventSink
 from sgl_moe.router.health import HealthMonitor
 from sgl_moe.router.pending import PendingLedger
+from sgl_moe.router.plain_worker import PlainWorkers
 from sgl_moe.router.router_tokenizer import RouterTokenizer
 from sgl_moe.router.worker import HEALTHY, UNHEALTHY, Worker, WorkerError
 from sgl_moe.wire import WorkerInfo
@@ -38,7 +40,9 @@ class WorkerPool:
         """Called when capacity may have appeared (a worker added or back in rotation, blocks stored)."""
         self.workers: dict[str, Worker] = {}
         self.tokenizer: RouterTokenizer | None = None
-        self.discovery = Discovery(session)
+        self.plain = PlainWorkers(cfg)
+        """Plain SGLang workers: their info built from SGLang's endpoints and the router's flags."""
+        self.discovery = Discovery(session, self.plain)
         self.health = HealthMonitor(self, self.discovery)
         self.events = KvEventSink(self.workers, index, ledger, on_change, cfg.drop_seqs())
         self._reference: WorkerInfo | None = None
@@ -80,24 +84,28 @@ class WorkerPool:
             check_compatible(url, info, self._reference)
             if self.tokenizer is None:
                 self.tokenizer = await self.discovery.fetch_tokenizer(url, info)
-            worker = self.admit(url, info)
+            learned = self.plain.learned_about(url, info)
+            worker = self.admit(url, info, learned=learned)
             self.events.attach(worker)
-            log.info("added worker %s at %s: model %s, page size %d, %d DP rank(s), Θ = %.3g FLOPs (%s)",
+            log.info("added worker %s at %s: model %s, page size %d, %d DP rank(s), Θ = %.3g FLOPs (%s)%s",
                      worker.id, url, info.model_name, worker.page_size, len(worker.slots), worker.theta,
-                     worker.theta_source)
+                     worker.theta_source, "; a plain SGLang worker, learned: " +
+                     "; ".join(f"{k}: {v}" for k, v in learned.items()) if learned else "")
         finally:
             self._adding.discard(url)
         self.on_change()
         return worker
 
-    def admit(self, url: str, info: WorkerInfo, *, worker_id: str | None = None) -> Worker:
+    def admit(self, url: str, info: WorkerInfo, *, worker_id: str | None = None,
+              learned: dict[str, str] | None = None) -> Worker:
         """A worker whose info is known joins: compatibility, Θ, one BlockIndex target per attention-DP rank.
 
         The synchronous part of ``add`` (no HTTP, no listeners, no ``on_change``). Hook for the simulator,
         which admits its simulated workers under their own ids (default: ``w0``, ``w1``, ... in order).
+        ``learned``: for a plain SGLang worker, where each field of ``info`` came from (``Worker.learned``).
         """
         check_compatible(url, info, self._reference)
-        worker = Worker.from_info(worker_id or f"w{self._next_id}", url, info, self.cfg.saturation_flops)
+        worker = Worker.from_info(worker_id or f"w{self._next_id}", url, info, self.cfg.saturation_flops, learned)
         self._next_id += 1
         if self._reference is None:
             self._reference = info

@@ -22,6 +22,31 @@ from sgl_moe.flops import FlopsModel
 INFO_PATH = "/sgl_moe/info"
 TOKENIZER_PATH = "/sgl_moe/tokenizer.json"
 TOKENIZER_CONFIG_PATH = "/sgl_moe/tokenizer_config.json"
+TOKENIZER_FILES_PATH = "/sgl_moe/tokenizer"
+"""``GET /sgl_moe/tokenizer/{name}``: one file of the worker's tokenizer directory, for a name in
+``TokenizerFiles.files``."""
+
+# -- the tokenizer files a worker serves ------------------------------------------------------------------------
+TOKENIZER_FILE_NAMES = (
+    "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json", "config.json",
+    "chat_template.jinja", "chat_template.json", "tokenizer.model", "vocab.json", "merges.txt", "vocab.txt",
+    "spiece.model", "sentencepiece.bpe.model", "sentencepiece.model", "tekken.json", "tiktoken.model",
+)
+"""Files of a tokenizer directory that SGLang's ``AutoTokenizer.from_pretrained(tokenizer_path)`` may read
+(transformers 5: ``tokenization_utils_base.py: from_pretrained`` and the classes' ``vocab_files_names``;
+``config.json`` picks the class when ``tokenizer_config.json`` names none)."""
+CHAT_TEMPLATE_DIR = "additional_chat_templates"
+"""transformers 5 also reads ``additional_chat_templates/*.jinja`` (named chat templates)."""
+
+
+def is_tokenizer_file_name(name: str) -> bool:
+    """A name the worker may serve and the router may write: one of ``TOKENIZER_FILE_NAMES`` or a named
+    template ``additional_chat_templates/<name>.jinja`` (no other folders, no ``..``)."""
+    if name in TOKENIZER_FILE_NAMES:
+        return True
+    folder, _, file = name.partition("/")
+    return (folder == CHAT_TEMPLATE_DIR and file.endswith(".jinja") and "/" not in file and "\\" not in file
+            and not file.startswith("."))
 
 # -- ports derived from a worker's own port (launcher writes them, nothing else guesses them) ------------------
 KV_EVENTS_PORT_OFFSET = 1000
@@ -60,6 +85,9 @@ class TokenizerFiles:
     path: str = ""
     tokenizer_json_url: str | None = None
     tokenizer_config_url: str | None = None
+    files: list[str] = field(default_factory=list)
+    """The files of ``path`` that ``AutoTokenizer`` may read (``is_tokenizer_file_name``), each served at
+    ``TOKENIZER_FILES_PATH/<name>``. Empty from a worker older than this field: it serves the two URLs above."""
 
 
 @dataclass(frozen=True)

@@ -7,11 +7,13 @@ import sys
 import pytest
 
 LIGHT = ("torch", "sglang", "transformers")
+ROUTER = ("torch", "sglang")
+"""The router loads its tokenizer with transformers (lazily, without torch: ``router_tokenizer.keep_torch_out``)."""
 GPU_IMAGE_LACKS = ("sglang", "orjson", "msgspec", "zmq")
 """The GPU machine has torch, triton and transformers but none of these: the engines run there alone."""
 
 BOUNDARIES = [
-    ("sgl_moe.router", LIGHT, "the router is the light process users expose"),
+    ("sgl_moe.router", ROUTER, "the router is the light process users expose"),
     ("sgl_moe.wire", LIGHT + ("msgspec",), "every process reads it, the torch-only engines included"),
     ("sgl_moe.flops", LIGHT, "the router computes FLOPs with it"),
     ("sgl_moe.saturation", LIGHT, "pure arithmetic shared by worker and simulator"),
@@ -45,3 +47,33 @@ def test_part_imports_nothing_forbidden(part, forbidden, why):
     assert result.returncode == 0, result.stderr[-2000:]
     loaded = result.stdout.strip()
     assert not loaded, f"{part} imports {loaded}; it must not ({why})"
+
+
+ROUTER_PROCESS = """
+import sys
+from sgl_moe import DEFAULT_MODEL_DIR
+from sgl_moe.router.router_tokenizer import RouterTokenizer, keep_torch_out
+keep_torch_out()
+tok = RouterTokenizer.from_dir(DEFAULT_MODEL_DIR)
+assert tok.exact and tok.encode("hello world")
+loaded = sorted({n.split(".")[0] for n, m in sys.modules.items() if m is not None} & {"torch", "sglang"})
+hwm = next(line for line in open("/proc/self/status") if line.startswith("VmHWM"))  # ru_maxrss survives exec
+print(",".join(loaded) + "|" + str(int(hwm.split()[1]) // 1024))
+"""
+ROUTER_PEAK_RSS_MIB = 300
+"""Measured ~100 MiB with transformers' tokenizer (about 700 MiB if transformers imported torch)."""
+
+
+def test_router_tokenizer_loads_transformers_without_torch():
+    """What ``python -m sgl_moe.router`` does first (``keep_torch_out``), then a tokenizer built: transformers
+    would import an installed torch; in the router's process it must not, and the process stays small."""
+    import inspect
+
+    from sgl_moe.router import __main__ as router_main
+
+    assert "keep_torch_out()" in inspect.getsource(router_main.main)
+    result = subprocess.run([sys.executable, "-c", ROUTER_PROCESS], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]
+    loaded, peak_mib = result.stdout.strip().splitlines()[-1].split("|")
+    assert not loaded, f"the router's tokenizer imported {loaded}"
+    assert int(peak_mib) < ROUTER_PEAK_RSS_MIB

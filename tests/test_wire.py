@@ -31,6 +31,8 @@ def test_round_trip():
 def test_json_shape_is_the_one_routers_read():
     data = json.loads(wire.encode(_info()))
     assert data["page_size"] == 16 and data["tokenizer"]["tokenizer_json_url"] == wire.TOKENIZER_PATH
+    assert data["tokenizer"]["files"] == ["tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
+                                          "config.json", "tokenizer.model"]
     assert [e["endpoint"] for e in data["kv_events"]] == ["tcp://*:5557", "tcp://*:5558"]  # port + DP rank
     assert [e["replay_endpoint"] for e in data["kv_events"]] == ["tcp://*:6557", "tcp://*:6558"]
     sat = data["saturation"]
@@ -66,3 +68,29 @@ def test_unknown_fields_are_ignored():
     """A newer worker may add fields; an older router still reads what it knows."""
     data = {**json.loads(wire.encode(_info())), "added_later": {"x": 1}}
     assert wire.decode_info(data) == _info()
+
+
+def test_tokenizer_files_come_from_the_tokenizer_path(tmp_path):
+    """SGLang loads the tokenizer from --tokenizer-path when given: the worker lists (and serves) that folder."""
+    (tmp_path / "tokenizer.json").write_text("{}")
+    (tmp_path / "vocab.json").write_text("{}")
+    (tmp_path / "model.safetensors").write_bytes(b"")
+    (tmp_path / "additional_chat_templates").mkdir()
+    (tmp_path / "additional_chat_templates" / "tool_use.jinja").write_text("x")
+    tok = _info(tokenizer_path=str(tmp_path)).tokenizer
+    assert tok.path == str(tmp_path) and tok.tokenizer_config_url is None
+    assert tok.files == ["tokenizer.json", "vocab.json", "additional_chat_templates/tool_use.jinja"]
+    assert all(wire.is_tokenizer_file_name(name) for name in tok.files)
+
+
+@pytest.mark.parametrize("name", ["model.safetensors", "../tokenizer.json", "/tokenizer.json", "sub/tokenizer.json",
+                                  "additional_chat_templates/../x.jinja", "additional_chat_templates/a/b.jinja",
+                                  "additional_chat_templates/x.txt", ""])
+def test_only_tokenizer_file_names_are_served(name):
+    assert not wire.is_tokenizer_file_name(name)
+
+
+def test_info_from_a_worker_without_the_file_list_still_decodes():
+    data = json.loads(wire.encode(_info()))
+    del data["tokenizer"]["files"]
+    assert wire.decode_info(data).tokenizer.files == []

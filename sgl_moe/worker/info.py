@@ -16,7 +16,9 @@ from sgl_moe import __version__
 from sgl_moe.flops import FlopsModel
 from sgl_moe.saturation import SaturationThreshold
 from sgl_moe.wire import (
+    CHAT_TEMPLATE_DIR,
     TOKENIZER_CONFIG_PATH,
+    TOKENIZER_FILE_NAMES,
     TOKENIZER_PATH,
     KvEventEndpoint,
     SaturationInfo,
@@ -58,22 +60,32 @@ def with_saturation(info: WorkerInfo, theta: SaturationThreshold) -> WorkerInfo:
     return replace(info, saturation=saturation_info(theta, info.saturation.step_tokens or 0))
 
 
+def tokenizer_files(tokenizer_path: str) -> TokenizerFiles:
+    """The tokenizer files SGLang's ``AutoTokenizer.from_pretrained(tokenizer_path)`` may read that exist there."""
+    tok_dir = Path(tokenizer_path)
+    files = [name for name in TOKENIZER_FILE_NAMES if (tok_dir / name).is_file()]
+    templates = tok_dir / CHAT_TEMPLATE_DIR
+    if templates.is_dir():
+        files += sorted(f"{CHAT_TEMPLATE_DIR}/{p.name}" for p in templates.glob("*.jinja") if p.is_file())
+    return TokenizerFiles(
+        path=tokenizer_path,
+        tokenizer_json_url=TOKENIZER_PATH if "tokenizer.json" in files else None,
+        tokenizer_config_url=TOKENIZER_CONFIG_PATH if "tokenizer_config.json" in files else None,
+        files=files,
+    )
+
+
 def build_info(*, model_name: str, model_path: str, tokenizer_path: str, hf_config: dict[str, Any],
                instance_id: str, context_length: int, page_size: int, step_tokens: int, dp_size: int,
                kv_events_config: str | None, prefix_caching: bool, device: str, sglang_version: str, moe: MoeArgs,
                theta: SaturationThreshold) -> WorkerInfo:
-    tok_dir = Path(tokenizer_path)
     return WorkerInfo(
         sgl_moe_version=__version__,
         instance_id=instance_id,
         sglang_version=sglang_version,
         model_name=model_name,
         model_path=model_path,
-        tokenizer=TokenizerFiles(
-            path=tokenizer_path,
-            tokenizer_json_url=TOKENIZER_PATH if (tok_dir / "tokenizer.json").is_file() else None,
-            tokenizer_config_url=TOKENIZER_CONFIG_PATH if (tok_dir / "tokenizer_config.json").is_file() else None,
-        ),
+        tokenizer=tokenizer_files(tokenizer_path),
         context_length=context_length,
         page_size=page_size,
         prefix_caching=prefix_caching,

@@ -13,7 +13,14 @@ from typing import Any
 from sgl_moe import saturation, wire
 from sgl_moe.flops import FlopsModel
 from sgl_moe.saturation import SaturationThreshold
-from sgl_moe.wire import DUAL_BATCH_STATS_FILE, INFO_PATH, OFFLOAD_STATS_FILE, TOKENIZER_CONFIG_PATH, TOKENIZER_PATH
+from sgl_moe.wire import (
+    DUAL_BATCH_STATS_FILE,
+    INFO_PATH,
+    OFFLOAD_STATS_FILE,
+    TOKENIZER_CONFIG_PATH,
+    TOKENIZER_FILES_PATH,
+    TOKENIZER_PATH,
+)
 from sgl_moe.worker.args import MoeArgs
 from sgl_moe.worker.info import build_info, with_saturation
 from sgl_moe.worker.theta_calibration import Calibrator, WorkerShape
@@ -129,14 +136,22 @@ def install_routes(server_args, moe: MoeArgs, device: str, profile_dir: str | No
             payload = replace(payload, dual_batch=_dual_batch_counts(moe, profile_dir))
         return Response(wire.encode(payload), media_type="application/json")
 
-    def tokenizer_file(name: str):
-        async def get_file():
-            path = Path(info().tokenizer.path) / name
-            if not path.is_file():
-                return JSONResponse({"error": f"this worker's tokenizer has no {name}"}, status_code=404)
-            return FileResponse(path, media_type="application/json")
+    async def get_tokenizer_file(name: str) -> Response:
+        """A file of SGLang's tokenizer directory (``--tokenizer-path``, else the model path) named in the info."""
+        files = info().tokenizer
+        path = Path(files.path) / name
+        if name not in files.files or not path.is_file():
+            return JSONResponse({"error": f"this worker serves no tokenizer file {name!r}; it serves {files.files}"},
+                                status_code=404)
+        return FileResponse(path, media_type="application/json" if name.endswith(".json") else
+                            "application/octet-stream")
+
+    def fixed(name: str):  # the routes older routers read
+        async def get_file() -> Response:
+            return await get_tokenizer_file(name)
         return get_file
 
     app.add_api_route(INFO_PATH, get_info, methods=["GET"])
-    app.add_api_route(TOKENIZER_PATH, tokenizer_file("tokenizer.json"), methods=["GET"])
-    app.add_api_route(TOKENIZER_CONFIG_PATH, tokenizer_file("tokenizer_config.json"), methods=["GET"])
+    app.add_api_route(TOKENIZER_FILES_PATH + "/{name:path}", get_tokenizer_file, methods=["GET"])
+    app.add_api_route(TOKENIZER_PATH, fixed("tokenizer.json"), methods=["GET"])
+    app.add_api_route(TOKENIZER_CONFIG_PATH, fixed("tokenizer_config.json"), methods=["GET"])

@@ -36,3 +36,14 @@ def test_tokenizer_is_served_byte_for_byte(worker):
 
 def test_worker_memory_is_reported(worker):
     assert worker.rss_bytes() > 0
+
+
+def test_every_tokenizer_file_is_served_byte_for_byte(worker):
+    """The files SGLang's AutoTokenizer may read, as the info lists them; nothing else under the route."""
+    files = worker.info["tokenizer"]["files"]
+    assert {"tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "config.json"} <= set(files)
+    for name in files:
+        body = httpx.get(f"{worker.url}/sgl_moe/tokenizer/{name}", timeout=30).content
+        assert body == (DEFAULT_MODEL_DIR / name).read_bytes(), name
+    for name in ("model.safetensors", "..%2Fconfig.json", "expert_predictor/x"):
+        assert httpx.get(f"{worker.url}/sgl_moe/tokenizer/{name}", timeout=30).status_code == 404, name

@@ -45,3 +45,29 @@ def test_unknown_paths_and_methods_answer_json():
     (s404, b404), (s405, b405) = asyncio.run(main())
     assert s404 == 404 and b404["error"]["type"] == "not_found_error" and "/nowhere" in b404["error"]["message"]
     assert s405 == 405 and b405["error"]["type"] == "invalid_request_error" and "GET" in b405["error"]["message"]
+
+
+def test_an_exception_escaping_a_handler_answers_json_500_and_http_exceptions_keep_their_status():
+    async def main() -> list[tuple[int, dict]]:
+        async def broken(request: web.Request) -> web.Response:
+            return [][0]  # a router bug
+
+        async def refused(request: web.Request) -> web.Response:
+            raise web.HTTPUnsupportedMediaType(text="send JSON")
+
+        app = web.Application(middlewares=[json_errors])
+        app.router.add_post("/broken", broken)
+        app.router.add_post("/refused", refused)
+        async with TestClient(TestServer(app)) as client:
+            out = []
+            for path in ("/broken", "/refused"):
+                resp = await client.post(path)
+                assert resp.content_type == "application/json"
+                out.append((resp.status, await resp.json()))
+            return out
+
+    (s500, b500), (s415, b415) = asyncio.run(main())
+    assert s500 == 500 and b500["error"]["type"] == "internal_error" and "IndexError" in b500["error"]["message"]
+    assert list(b500["error"]) == ["message", "type", "param", "code"] and b500["error"]["code"] == 500
+    assert s415 == 415 and b415["error"] == {"message": "send JSON", "type": "invalid_request_error", "param": None,
+                                             "code": 415}

@@ -73,8 +73,9 @@ def build(n, policy, uniform, dp, clock):
     return sched, index, ledger
 
 
-def run_history(sched, index, ledger, clock, seed, steps=2500):
-    """Drive one scheduler through a seeded history; every placement as a comparable tuple."""
+def run_history(sched, index, ledger, clock, seed, steps=2500, no_affinity=0.0):
+    """Drive one scheduler through a seeded history; every placement as a comparable tuple. A share
+    ``no_affinity`` of the requests carries no block keys (placed by load alone)."""
     rng = random.Random(seed)
     prefixes = [[rng.getrandbits(62) for _ in range(rng.randint(1, 40))] for _ in range(12)]
     live, out = [], []
@@ -94,6 +95,8 @@ def run_history(sched, index, ledger, clock, seed, steps=2500):
                 k = list(rng.choice(prefixes)) + [rng.getrandbits(62) for _ in range(rng.randint(0, 6))]
                 keys.append(k)
                 lens.append(len(k) * PAGE + rng.randint(1, PAGE))
+            if no_affinity and rng.random() < no_affinity:
+                keys = []
             exclude = frozenset([rng.choice(list(pool.workers))]) if rng.random() < 0.05 else frozenset()
             job = Job(rid=f"r{step}", prompt_lens=lens, keys=keys, exclude=exclude, arrived=clock.t)
             placed = sched.try_place(job) if not sched.queue else None  # what acquire() does
@@ -157,3 +160,22 @@ def test_fast_path_places_exactly_like_scoring_every_worker(policy, uniform, dp,
         assert any(r.startswith("longest prefix match") for r in reasons)
         if uniform:
             assert any(c > 0 for c in checked), "no queued job ever waited behind another for the same worker"
+
+
+@pytest.mark.parametrize("policy", ["longest_block_match", "least_flops", "round_robin"])
+@pytest.mark.parametrize("uniform,dp", [(True, 1), (True, 2), (False, 1)])
+def test_jobs_without_keys_are_placed_alike_on_both_paths(policy, uniform, dp):
+    """Requests without affinity (no block keys) among affine ones: the same placements, and under the load
+    policies the workers take turns when equally loaded."""
+    results = []
+    for scan_all in (False, True):
+        clock = Clock()
+        sched, index, ledger = build(9, policy, uniform, dp, clock)
+        sched.scan_all = scan_all
+        results.append(run_history(sched, index, ledger, clock, seed=7 + dp + 3 * uniform, no_affinity=0.4))
+    fast, reference = results
+    assert len(fast) > 300
+    assert fast == reference
+    if policy != "round_robin":
+        by_load = [w for _, w, *_, reason in fast if reason.startswith("no affinity")]
+        assert len(by_load) > 100 and len(set(by_load)) == 9

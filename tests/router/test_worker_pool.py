@@ -2,20 +2,26 @@
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import replace
 
+import aiohttp
 import pytest
+from aiohttp import web
 
+from sgl_moe import DEFAULT_MODEL_DIR
 from sgl_moe.flops import FlopsModel
 from sgl_moe.router.block_index import BlockIndex
 from sgl_moe.router.config import RouterConfig
-from sgl_moe.router.discovery import decode
+from sgl_moe.router.discovery import Discovery, decode
 from sgl_moe.router.event_listener import EventSource
 from sgl_moe.router.kv_events import BlockStored, EventBatch
 from sgl_moe.router.pending import PendingLedger
+from sgl_moe.router.router_tokenizer import RouterTokenizer
 from sgl_moe.router.worker import WorkerError
 from sgl_moe.router.worker_pool import WorkerPool
-from sgl_moe.wire import KvEventEndpoint, SaturationInfo, WorkerInfo, to_builtins
+from sgl_moe.wire import KvEventEndpoint, SaturationInfo, TokenizerFiles, WorkerInfo, to_builtins
+from sgl_moe.worker.info import tokenizer_files
 
 FLOPS = FlopsModel(linear_flops_per_token=1000.0, attn_flops_per_pair=10.0, lm_head_flops_per_token=100.0,
                    num_layers=2, num_moe_layers=2)
@@ -84,3 +90,59 @@ def test_event_sink_stores_blocks_and_reports_capacity():
     assert w.counters.events_stored == 2
     p.events.on_reset(source, "test")
     assert p.index.committed_prefix(w.slots[0], [1]) == 0 and w.counters.table_resets == 1
+
+
+def fetch_tokenizer(tokenizer: TokenizerFiles, serve_dir, missing: frozenset[str] = frozenset()):
+    """Discovery's tokenizer fetch against a stand-in serving ``serve_dir`` on both routes; (result, paths asked)."""
+    asked: list[str] = []
+
+    async def file(request):
+        asked.append(request.path)
+        name = request.match_info["name"]
+        path = serve_dir / name
+        return web.FileResponse(path) if path.is_file() and name not in missing else web.Response(status=404)
+
+    async def scenario():
+        app = web.Application()
+        app.router.add_get("/sgl_moe/tokenizer/{name:.+}", file)
+        app.router.add_get("/sgl_moe/{name:tokenizer(_config)?\\.json}", file)
+        runner = web.AppRunner(app)
+        await runner.setup()
+        await web.TCPSite(runner, "127.0.0.1", 0).start()
+        url = f"http://127.0.0.1:{runner.addresses[0][1]}"
+        try:
+            async with aiohttp.ClientSession() as session:
+                return await Discovery(session).fetch_tokenizer(url, replace(INFO, tokenizer=tokenizer))
+        except WorkerError as exc:
+            return exc
+        finally:
+            await runner.cleanup()
+
+    return asyncio.run(scenario()), asked
+
+
+def test_discovery_fetches_every_tokenizer_file_the_worker_serves(llama_model_dir):
+    files = tokenizer_files(str(llama_model_dir))
+    tok, asked = fetch_tokenizer(files, llama_model_dir)
+    assert sorted(asked) == sorted(f"/sgl_moe/tokenizer/{name}" for name in files.files)
+    assert "tokenizer.model" in files.files and "special_tokens_map.json" in files.files
+    local = RouterTokenizer.from_dir(llama_model_dir)
+    assert tok.exact and type(tok.hf) is type(local.hf) and tok.encode("hi there") == local.encode("hi there")
+    assert tok.apply_chat_template([{"role": "user", "content": "x"}]) == "<s>[INST] x [/INST]"
+
+
+def test_discovery_reads_an_older_worker_from_its_two_routes():
+    old = replace(tokenizer_files(str(DEFAULT_MODEL_DIR)), files=[])
+    tok, asked = fetch_tokenizer(old, DEFAULT_MODEL_DIR)
+    assert sorted(asked) == ["/sgl_moe/tokenizer.json", "/sgl_moe/tokenizer_config.json"]
+    assert tok.exact and tok.encode("hi there") == RouterTokenizer.from_dir(DEFAULT_MODEL_DIR).encode("hi there")
+
+
+def test_discovery_refuses_what_it_cannot_fetch_or_must_not_write():
+    files = tokenizer_files(str(DEFAULT_MODEL_DIR))
+    exc, _ = fetch_tokenizer(files, DEFAULT_MODEL_DIR, missing=frozenset({"tokenizer.model"}))
+    assert isinstance(exc, WorkerError) and exc.status == 502
+    exc, asked = fetch_tokenizer(TokenizerFiles(path="/x", files=["../../etc/passwd"]), DEFAULT_MODEL_DIR)
+    assert isinstance(exc, WorkerError) and exc.status == 400 and asked == []
+    exc, _ = fetch_tokenizer(TokenizerFiles(path="/x", files=["config.json"]), DEFAULT_MODEL_DIR)
+    assert isinstance(exc, WorkerError) and exc.status == 400 and "cannot load" in exc.message
