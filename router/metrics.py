@@ -118,6 +118,8 @@ class _StateCollector:
              router.ledger.stats.retired_stored),
             ("pending_retired_failed", "Pending promises retired because the request failed",
              router.ledger.stats.retired_failed),
+            ("tokenizer_mismatches", "Workers whose own token ids differed from the router's on the probe set "
+             "when they joined (the router then routes without prefix affinity)", pool.tokenizer_mismatches),
             ("pending_retired_ttl", "Pending promises retired by the TTL safety net", router.ledger.stats.retired_ttl),
         ):
             m = counter(name, doc)

@@ -14,6 +14,7 @@ from typing import Any
 from sgl_moe.flops import FlopsModel
 from sgl_moe.router.block_index import BlockIndex
 from sgl_moe.router.event_listener import EventListener
+from sgl_moe.router.tokenizer_probe import TokenizerCheck
 from sgl_moe.wire import INFO_PATH, WorkerInfo
 
 HEALTHY, UNHEALTHY = "healthy", "unhealthy"
@@ -70,6 +71,9 @@ class Worker:
     learned: dict[str, str] = field(default_factory=dict)
     """A plain SGLang worker (no ``/sgl_moe/info``): each field of ``info`` -> where the router learned it
     (``plain_worker``). Empty for an sgl_moe worker, which reports all of it itself."""
+    tokenizer_check: TokenizerCheck | None = None
+    """The router's ids against the worker's own when it joined (``tokenizer_probe``); None: not checked
+    (a simulated worker)."""
 
     @classmethod
     def from_info(cls, worker_id: str, url: str, info: WorkerInfo, pinned_theta: float | None,
@@ -117,6 +121,7 @@ class Worker:
             "inflight_flops": self.inflight_flops, "theta_flops": self.theta, "theta_source": self.theta_source,
             "inflight_requests": self.inflight_requests, "peak_inflight_requests": self.peak_inflight_requests,
             "last_error": self.last_error,
+            "tokenizer_check": self.tokenizer_check.describe() if self.tokenizer_check else None,
             "events": [{"dp_rank": lst.source.dp_rank, "endpoint": lst.source.endpoint,
                         "last_seq": lst.stats.last_seq, "gaps": lst.stats.gaps, "replays": lst.stats.replays,
                         "replay_failures": lst.stats.replay_failures, "resets": lst.stats.resets}

@@ -22,6 +22,7 @@ from sgl_moe.router.health import HealthMonitor
 from sgl_moe.router.pending import PendingLedger
 from sgl_moe.router.plain_worker import PlainWorkers
 from sgl_moe.router.router_tokenizer import RouterTokenizer
+from sgl_moe.router.tokenizer_probe import TOKENIZE_PATH, TokenizerCheck, check_worker
 from sgl_moe.router.worker import HEALTHY, UNHEALTHY, Worker, WorkerError
 from sgl_moe.wire import WorkerInfo
 
@@ -50,6 +51,8 @@ class WorkerPool:
         self._next_id = 0
         self._slot_owner: dict[int, Worker] = {}
         self._adding: set[str] = set()
+        self.tokenizer_mismatches = 0
+        """Workers whose own ids differed from the router's on the probe set (``tokenizer_probe``)."""
 
     @classmethod
     def without_http(cls, cfg: RouterConfig, index: BlockIndex, ledger: PendingLedger,
@@ -84,8 +87,10 @@ class WorkerPool:
             check_compatible(url, info, self._reference)
             if self.tokenizer is None:
                 self.tokenizer = await self.discovery.fetch_tokenizer(url, info)
+            check = await self.verify_tokenizer(url, self.tokenizer)
             learned = self.plain.learned_about(url, info)
             worker = self.admit(url, info, learned=learned)
+            worker.tokenizer_check = check
             self.events.attach(worker)
             log.info("added worker %s at %s: model %s, page size %d, %d DP rank(s), Θ = %.3g FLOPs (%s)%s",
                      worker.id, url, info.model_name, worker.page_size, len(worker.slots), worker.theta,
@@ -95,6 +100,21 @@ class WorkerPool:
             self._adding.discard(url)
         self.on_change()
         return worker
+
+    async def verify_tokenizer(self, url: str, tok: RouterTokenizer) -> TokenizerCheck:
+        """Compare the router's ids with the joining worker's (``tokenizer_probe``); on a difference, mark the
+        tokenizer inexact (one warning line, from ``mark_inexact``); unavailable: one warning, exact kept."""
+        check = await check_worker(self.discovery.session, url, tok)
+        if check.state == "mismatch":
+            self.tokenizer_mismatches += 1
+            d = check.first_difference or {}
+            tok.mark_inexact(f"worker {url}: its {TOKENIZE_PATH} ids differ from the router's on probe "
+                             f"{d.get('probe')!r} at position {d.get('position')} (router {d.get('router_id')}, "
+                             f"worker {d.get('worker_id')}); routing without prefix affinity, text forwarded as sent")
+        elif check.state == "unavailable":
+            log.warning("worker %s: cannot verify the router's tokenizer against it (%s); keeping it %s as loaded",
+                        url, check.detail, "exact" if tok.exact else "inexact")
+        return check
 
     def admit(self, url: str, info: WorkerInfo, *, worker_id: str | None = None,
               learned: dict[str, str] | None = None) -> Worker:
