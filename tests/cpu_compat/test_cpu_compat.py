@@ -56,10 +56,16 @@ def test_probe_sees_a_real_kernel_library_when_one_imports(tmp_path, monkeypatch
     monkeypatch.syspath_prepend(str(tmp_path))
     for name in [m for m in sys.modules if m.startswith("sgl_kernel")]:
         monkeypatch.delitem(sys.modules, name)
-    assert cpu_compat.real_kernel_import_error() is None
-    monkeypatch.setattr(cpu_compat, "cuda_usable", lambda: False)
-    plan = cpu_compat.probe()
-    assert plan.cpu_engine and not plan.stand_in_kernel
+    try:
+        assert cpu_compat.real_kernel_import_error() is None
+        monkeypatch.setattr(cpu_compat, "cuda_usable", lambda: False)
+        plan = cpu_compat.probe()
+        assert plan.cpu_engine and not plan.stand_in_kernel
+    finally:
+        # The fake must not outlive the test: a later probe in this process would take it for the real
+        # library (monkeypatch restores the entries it deleted, not the ones the import added).
+        for name in [m for m in sys.modules if m.startswith("sgl_kernel")]:
+            del sys.modules[name]
 
 
 def test_stand_in_names_the_missing_kernel():
