@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import random
 import statistics
 import sys
@@ -33,6 +32,7 @@ from sgl_moe.overlap.costs import CostModel, Sample, measure, time_call
 from sgl_moe.overlap.engine import DualBatchRunner
 from sgl_moe.overlap.layers import DecodeLayers, PrefillLayers
 from sgl_moe.overlap.solver import Plan, Solver
+from sgl_moe.streaming.host_cpus import host_cpus, usable_cpus
 from sgl_moe.streaming.moe_stack import MoEStack, MoEStackConfig
 
 BENCH_PLACEMENTS = ("cpu-experts", "streams")
@@ -233,7 +233,7 @@ def main(argv: list[str] | None = None) -> int:
                    "float32 far faster")
     p.add_argument("--reps", type=int, default=5, help="timed repetitions (median)")
     p.add_argument("--expert-threads", type=int, help="torch threads of the CPU experts worker "
-                   "(default: cores - 2 with a GPU, 1 in CPU emulation)")
+                   "(default: usable cores - 2 with a GPU, i.e. affinity mask and cgroup quota; 1 in CPU emulation)")
     p.add_argument("--eta", type=float, help="overlap efficiency of the two resources running together; default "
                    "measured per shape")
     p.add_argument("--force-overlap", action="store_true",
@@ -263,7 +263,8 @@ def main(argv: list[str] | None = None) -> int:
         cfg = replace(cfg, experts=args.experts)
     if args.dtype:
         cfg = replace(cfg, dtype=args.dtype)
-    threads = args.expert_threads or (max(1, (os.cpu_count() or 2) - 2) if device.type == "cuda" else 1)
+    # Cores this process may use (affinity mask, cgroup quota), not the host's: a GPU slice of a large machine.
+    threads = args.expert_threads or (max(1, usable_cpus() - 2) if device.type == "cuda" else 1)
     if device.type == "cpu":
         torch.set_num_threads(1)  # the emulated "GPU" and the emulated CPU-experts worker get a core each
         if not args.tiny:
@@ -271,7 +272,7 @@ def main(argv: list[str] | None = None) -> int:
     progress = lambda line: print(line, file=sys.stderr, flush=True)  # noqa: E731
     result: dict = {"device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
                     "torch": torch.__version__, "config": asdict(cfg), "context": context,
-                    "expert_threads": threads, "reps": args.reps,
+                    "expert_threads": threads, "host_cpus": host_cpus().as_dict(), "reps": args.reps,
                     "force_overlap": args.force_overlap}
     if "cpu-experts" in placements:
         result["cpu-experts"] = bench_cpu_experts(DecodeStack(cfg, device, context), batches, context, args.reps,

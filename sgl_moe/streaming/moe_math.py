@@ -56,6 +56,14 @@ def _use_grouped(x: torch.Tensor) -> bool:
     return _GROUPED_OK[key]
 
 
+def expert_offsets(sorted_ids: torch.Tensor, num_experts: int) -> torch.Tensor:
+    """End row of each expert's group in ``sorted_ids`` (ascending): int32 [E], cumulative counts.
+
+    Same values as ``cumsum(bincount(ids, minlength=E))`` for ids in [0, E), without a host sync."""
+    bounds = torch.arange(num_experts, device=sorted_ids.device, dtype=sorted_ids.dtype)
+    return torch.searchsorted(sorted_ids, bounds, right=True).to(torch.int32)
+
+
 def experts_forward(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, w: LayerWeights,
                     grouped: bool | None = None) -> torch.Tensor:
     """Σ_j weights[t, j] · down(silu(gate(x_t)) · up(x_t)) over the k experts ids[t, j]; returns [T, H].
@@ -66,12 +74,14 @@ def experts_forward(x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, w
     e = w.w13.shape[0]
     flat = ids.reshape(-1)
     order = torch.argsort(flat, stable=True)
-    counts = torch.bincount(flat, minlength=e)
     token_of = order // k
     xs = x[token_of]  # [T·k, H] grouped by expert
     use_grouped = _use_grouped(x) if grouped is None else grouped
-    offsets = torch.cumsum(counts, 0).to(torch.int32)
-    host_counts = None if use_grouped else counts.tolist()
+    # offsets[e] = rows of experts 0..e, found in the sorted ids on the device. (torch.bincount would read the
+    # largest id on the host: a device→host sync per call on a GPU, blocking the issuing thread.)
+    offsets = expert_offsets(flat[order], e)
+    # The per-expert loop needs the row counts on the host (one read); the grouped GEMM needs none.
+    host_counts = None if use_grouped else torch.diff(offsets, prepend=offsets.new_zeros(1)).tolist()
     gate_up = _grouped_matmul(xs, w.w13, offsets, host_counts)  # [T·k, 2I]
     gate, up = gate_up.chunk(2, dim=-1)
     act = F.silu(gate) * up
