@@ -21,7 +21,7 @@ from collections.abc import Callable, Sequence
 import torch
 import torch.nn.functional as F
 
-from sgl_moe.offload.engine import OffloadEngine
+from sgl_moe.offload.engine import OffloadEngine, read_ids
 from sgl_moe.streaming.expert_store import ExpertStore, LayerWeights
 from sgl_moe.streaming.moe_math import experts_forward, route
 from sgl_moe.streaming.moe_stack import MoEStack, MoEStackConfig, _rms
@@ -112,13 +112,16 @@ class DecodeStack:
             else:
                 if nxt is not None and engine.cfg.execution != "on_demand":
                     # The real predictor's cost (next layer's router on this hidden state); its guess is
-                    # replaced by the synthetic one, which is what sets the hit rate. Read to the host now,
-                    # before acquire queues the wait for this layer's copy on the compute stream.
+                    # replaced by the synthetic one, which is what sets the hit rate.
                     torch.topk(h @ self.dense[layer + 1].gate.T, cfg.top_k, dim=-1)
-                    nxt = nxt.cpu()
+                    # The layer's one device→host read: its ids and the next layer's prediction together, now,
+                    # before acquire queues the wait for this layer's copy on the compute stream.
+                    host_ids, nxt = read_ids(run_ids, nxt)
                 else:
                     nxt = None
-                w, slots = engine.acquire(layer, run_ids)  # misses queue on the copy lane ahead of the prefetch
+                    (host_ids,) = read_ids(run_ids)
+                # Misses queue on the copy lane ahead of the prefetch.
+                w, slots = engine.acquire(layer, run_ids, host_ids=host_ids)
                 if nxt is not None:
                     engine.prefetch(layer + 1, nxt)
                 moe = experts_forward(h, run_w, slots, w)

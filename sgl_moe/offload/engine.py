@@ -19,10 +19,16 @@ Design choices stated plainly:
   (SGLang's) runs on (buffer, slots). The price is a D2D copy per needed resident expert per step and two
   buffers' worth of device memory on top of the residents.
 - Which expert sits in which slot is host bookkeeping, so ``ids`` are read on the host once per layer
-  (a device→host sync on a GPU). That makes this path not CUDA-graph-capturable. The read happens only in
-  ``_host_unique``; a gather driven by device-side indices could replace it later.
-- The batched copy is ``torch._foreach_copy_`` over row views (one Python call per layer and direction; the
-  C++ loop issues one DMA per expert row straight from the pinned store, with no host-side staging memcpy).
+  (a device→host sync on a GPU). That makes this path not CUDA-graph-capturable. It is the one sync per
+  layer: ``read_ids`` reads the layer's routed ids and the next layer's predicted ids in one copy, and
+  ``acquire`` takes them (``host_ids``); the slot map goes back to the device from pinned memory without
+  blocking. Without ``host_ids`` ``acquire`` reads ``ids`` itself (callers that predict elsewhere); a gather
+  driven by device-side indices could remove the read later.
+- The batched copy is ``torch._foreach_copy_`` over row views (one Python call per layer and direction).
+  From pinned host to device torch has no fused kernel for it: the C++ loop issues one asynchronous DMA per
+  expert row straight from the pinned store (no staging memcpy, no host block). That is what any H2D copy of
+  scattered rows costs; at Qwen3-30B-A3B sizes a row is 3.1 MB (w2) or 6.3 MB (w13), so a copy call's
+  few microseconds are a few percent of its ~60-120 µs transfer (the GPU probe measures rows vs one copy).
 
 ``on_demand`` makes ``prefetch`` a no-op, so one caller drives all three executions. Callers should read
 the next layer's predicted ids to the host *before* ``acquire`` (as ``DecodeStack`` does): after ``acquire``
@@ -130,9 +136,33 @@ class _Buffer:
 
 
 def _host_unique(ids: torch.Tensor) -> tuple[list[int], list[int]]:
-    """Distinct expert ids of ``ids`` and their counts, on the host: the one device→host read per layer."""
+    """Distinct expert ids of ``ids`` and their counts, on the host (a device→host read if ``ids`` is not)."""
     uniq, counts = torch.unique(ids.detach().reshape(-1).cpu(), return_counts=True)
     return uniq.tolist(), counts.tolist()
+
+
+def read_ids(*ids: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """Host copies of expert id tensors in one device→host copy (one sync), shapes kept, as int64.
+
+    Host tensors are returned as they are (no copy)."""
+    if all(t.device.type == "cpu" for t in ids):
+        return ids
+    flat = torch.cat([t.detach().reshape(-1).to(torch.int64) for t in ids]).cpu()
+    out, start = [], 0
+    for t in ids:
+        out.append(flat[start:start + t.numel()].view(t.shape))
+        start += t.numel()
+    return tuple(out)
+
+
+def _to_device(values: list[int], like: torch.Tensor) -> torch.Tensor:
+    """A small host list as a tensor on ``like``'s device; on a GPU through pinned memory, not blocking (a
+    pageable copy would wait for everything queued on the stream). The caching host allocator keeps the
+    pinned block until the copy is done."""
+    t = torch.tensor(values, dtype=like.dtype)
+    if like.device.type == "cuda":
+        return t.pin_memory().to(like.device, non_blocking=True)
+    return t.to(like.device)
 
 
 class OffloadEngine:
@@ -181,13 +211,16 @@ class OffloadEngine:
                  self.device_expert_bytes() / 1e9, self.device)
 
     # -- protocol ------------------------------------------------------------------------------------------
-    def acquire(self, layer: int, ids: torch.Tensor) -> tuple[LayerWeights, torch.Tensor]:
-        """Buffer ``layer % 2`` holding every expert of ``ids`` [T, k], and ``ids`` remapped to its slots."""
+    def acquire(self, layer: int, ids: torch.Tensor, host_ids: torch.Tensor | None = None
+                ) -> tuple[LayerWeights, torch.Tensor]:
+        """Buffer ``layer % 2`` holding every expert of ``ids`` [T, k], and ``ids`` remapped to its slots.
+
+        ``host_ids``: the same ids already on the host (``read_ids``), so that acquire reads nothing back."""
         if self.timer:
             self.timer.enter(layer)
         buf = self._buffers[layer % 2]
         buf.hold(layer)
-        needed, _ = _host_unique(ids)
+        needed, _ = _host_unique(ids if host_ids is None else host_ids)
         resident_rows = self._resident_rows.get(layer, {})
         missing = [e for e in needed if e not in buf.slot_of]
         from_host = [e for e in missing if e not in resident_rows]
@@ -198,12 +231,11 @@ class OffloadEngine:
         self.stats.resident_hits += n_resident
         self.stats.hits += len(needed) - n_resident - len(from_host)
         self.stats.misses += len(from_host)
-        # The slot map is known on the host before the data lands: send it now, while the compute stream
-        # has no wait queued (a small pageable copy; on a GPU it would otherwise wait for the transfers).
+        # The slot map is known on the host before the data lands: send it now (pinned, non-blocking on a GPU).
         lut = [0] * self.num_experts
         for e in needed:
             lut[e] = buf.slot_of[e]
-        slot_ids = torch.tensor(lut, dtype=ids.dtype, device=ids.device)[ids]
+        slot_ids = _to_device(lut, ids)[ids]
         if from_host:
             # Queued on the copy lane ahead of the prefetch of layer+1: the critical-path copy goes first.
             self._copy_from_host(buf, layer, from_host, slots[:len(from_host)])

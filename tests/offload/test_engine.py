@@ -9,6 +9,7 @@ import torch
 
 from sgl_moe.offload import OffloadCapacityError, OffloadConfig, OffloadConfigError, OffloadEngine
 from sgl_moe.offload.decode_stack import DecodeStack, synthetic_predictions
+from sgl_moe.offload.engine import read_ids
 from sgl_moe.streaming import lanes
 from sgl_moe.streaming.moe_stack import MoEStackConfig
 
@@ -195,3 +196,24 @@ def test_prefetch_past_the_last_layer_and_on_demand_prefetch_are_no_ops(store):
             assert engine.stats.prefetched == 0
         finally:
             engine.close()
+
+
+def test_read_ids_is_one_copy_and_acquire_takes_host_ids(stack, store):
+    """read_ids passes host tensors through (the device path: test_gpu_offload); acquire with host_ids = without."""
+    a, b = torch.tensor([[3, 1], [0, 7]]), torch.tensor([[2, 5]], dtype=torch.int32)
+    ra, rb = read_ids(a, b)
+    assert ra is a and rb is b
+    engines = [OffloadEngine(store, OffloadConfig(execution="exact", capacity=5), "cpu") for _ in range(2)]
+    try:
+        for layer in range(LAYERS):
+            ids = torch.tensor([[layer, 7 - layer], [1, 6]])
+            w0, s0 = engines[0].acquire(layer, ids)
+            w1, s1 = engines[1].acquire(layer, ids, host_ids=ids.clone())
+            assert torch.equal(s0, s1) and torch.equal(w0.w13[s0], w1.w13[s1])
+            assert torch.equal(w1.w13[s1], store[layer].w13[ids])
+            for e in engines:
+                e.release(layer)
+        assert engines[0].stats.as_dict() == engines[1].stats.as_dict()
+    finally:
+        for e in engines:
+            e.close()
