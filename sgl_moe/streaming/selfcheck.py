@@ -3,7 +3,8 @@
 Runs the MoE stack on N local ranks (gloo on CPU; NCCL with ``--device cuda``, one GPU per rank), two
 forwards per mode (the second uses slots refilled cyclically during the first), and compares each output
 with the fully resident forward of the same rank: exact equality is expected, since the same kernels see
-the same bytes in the same order.
+the same bytes in the same order. The default modes fit the rank count: on one GPU (one rank) host and
+on_demand; gather and hybrid need 2+ ranks.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from pathlib import Path
 
 import torch
 
@@ -42,23 +44,61 @@ def check_rank(rank: int, world: int, modes: list[str], window: int, first_resid
     return out
 
 
+GATHER_MODES = ("gather", "hybrid")
+"""Modes that assemble a layer from peer ranks' shards: they need 2 or more ranks."""
+
+
+def default_modes(ranks: int) -> list[str]:
+    """Every streaming mode that works with ``ranks`` ranks."""
+    return ["host", "on_demand"] + (list(GATHER_MODES) if ranks >= 2 else [])
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m sgl_moe.streaming.selfcheck", description=__doc__.splitlines()[0])
-    p.add_argument("--ranks", type=int, default=2)
-    p.add_argument("--modes", default="host,on_demand,gather,hybrid")
+    p.add_argument("--ranks", type=int, help="local ranks (default: 2 on a CPU; with --device cuda the GPUs "
+                   "present, at most 2)")
+    p.add_argument("--modes", help="comma-separated (default: every mode the rank count allows: host,on_demand, "
+                   "and gather,hybrid with 2+ ranks)")
     p.add_argument("--window", type=int, default=2)
     p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    p.add_argument("--json", type=Path, help="also write the result here")
     args = p.parse_args(argv)
-    modes = [m for m in args.modes.split(",") if m]
-    bad = [m for m in modes if m not in MODES]
-    if bad:
-        p.error(f"unknown mode(s) {bad}; choose from {MODES}")
-    if args.device == "cuda" and torch.cuda.device_count() < args.ranks:
-        p.error(f"--device cuda needs {args.ranks} GPUs, found {torch.cuda.device_count()}")
-    results = run_ranks(check_rank, args.ranks, modes, args.window, True, args.device,
+    gpus = torch.cuda.device_count() if args.device == "cuda" else 0
+    if args.device == "cuda" and gpus == 0:
+        p.error("--device cuda: no CUDA device is available")
+    ranks = args.ranks if args.ranks is not None else (min(2, gpus) if args.device == "cuda" else 2)
+    if ranks < 1:
+        p.error(f"--ranks must be at least 1, got {ranks}")
+    if args.device == "cuda" and gpus < ranks:
+        p.error(f"--device cuda --ranks {ranks} needs {ranks} GPUs (one per rank), found {gpus}")
+    note = None
+    if args.modes is None:
+        modes = default_modes(ranks)
+        if ranks < 2:
+            note = (f"modes {', '.join(GATHER_MODES)} assemble layers from peer ranks' shards and need 2+ ranks; "
+                    f"not checked with {ranks} rank" + (f" ({gpus} GPU)" if args.device == "cuda" else ""))
+            print(f"selfcheck: {note}", file=sys.stderr)
+    else:
+        modes = [m for m in args.modes.split(",") if m]
+        bad = [m for m in modes if m not in MODES]
+        if bad or not modes:
+            p.error(f"unknown mode(s) {bad}; choose from {MODES}")
+        need = [m for m in modes if m in GATHER_MODES]
+        if need and ranks < 2:
+            p.error(f"mode(s) {', '.join(need)}: assemble layers from peer ranks' shards and need --ranks 2 or more "
+                    f"(one GPU per rank with --device cuda); with {ranks} rank use --modes host,on_demand")
+    if args.window < 1:
+        p.error("--window must be at least 1")
+    results = run_ranks(check_rank, ranks, modes, args.window, True, args.device,
                         backend="nccl" if args.device == "cuda" else "gloo")
     ok = all(r["first_equal"] and r["second_equal"] for res in results for r in res.values())
-    print(json.dumps({"ok": ok, "ranks": results}, indent=1))
+    result = {"ok": ok, "device": torch.cuda.get_device_name(0) if args.device == "cuda" else "cpu",
+              "torch": torch.__version__, "world": ranks, "modes": modes, "note": note, "ranks": results}
+    text = json.dumps(result, indent=1)
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(text)
+    print(text)
     return 0 if ok else 1
 
 
