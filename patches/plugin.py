@@ -1,7 +1,8 @@
 """SGLang plugin entry point (group ``sglang.srt.plugins``): registers sgl_moe's patches in every process.
 
 Does nothing unless the launcher exported a runtime configuration that turns a patch on, so an SGLang
-started any other way in this environment runs its own code untouched.
+started any other way in this environment runs its own code untouched. ``--moe-kv-events-keys`` registers the
+CURVE KV-event publisher (``kv_events_curve``) under its own name, beside SGLang's own publishers.
 """
 
 from __future__ import annotations
@@ -18,7 +19,14 @@ _registered = False
 def register() -> None:
     global _registered
     cfg = runtime_env.current()
-    if cfg is None or _registered or (cfg.weight_streaming == "off" and cfg.moe.dual_batch == "off"):
+    if cfg is None or _registered:
+        return
+    if cfg.moe.kv_events_keys is not None:
+        from sgl_moe.patches import kv_events_curve
+
+        kv_events_curve.register(cfg.moe.kv_events_keys)
+    if cfg.weight_streaming == "off" and cfg.moe.dual_batch == "off":
+        _registered = True
         return
     from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 

@@ -64,6 +64,10 @@ class RouterConfig:
     """Plain SGLang workers: their --kv-events-config JSON (publisher, endpoint, replay_endpoint, topic),
     overriding the publisher /server_info reports; rank r publishes on the endpoint's port + r.
     '{"publisher": "null"}': subscribe to none."""
+    kv_events_keys: str | None = None
+    """Directory with the router's CURVE keys for the workers' KV-event sockets (the router/ folder made by
+    `python -m sgl_moe.kv_event_keys DIR`: router.key_secret and worker.key). Needed to read the events of
+    workers started with --moe-kv-events-keys; used for every worker's event and replay sockets."""
     worker_urls: tuple[str, ...] = field(default=())
 
     def validate(self) -> None:

@@ -25,6 +25,7 @@ from typing import Protocol
 import zmq
 import zmq.asyncio
 
+from sgl_moe.kv_event_keys import ClientKeys
 from sgl_moe.router.kv_events import EventBatch, KVEventDecodeError, decode_frames
 
 logger = logging.getLogger("sgl_moe.router.events")
@@ -93,13 +94,17 @@ class EventListener:
     """Follows one publisher: owns the SUB socket, the ordering, gap and restart logic, and ``stats``.
 
     ``drop_seqs`` is fault injection: live batches with these sequence numbers are discarded on receipt
-    (replayed ones never are). ``run()`` is meant to be called once.
+    (replayed ones never are). ``curve``: the router's CURVE keys (``--kv-events-keys``), used on both the SUB
+    and the replay socket; a publisher started with ``--moe-kv-events-keys`` talks to nothing else.
+    ``run()`` is meant to be called once.
     """
 
     def __init__(self, source: EventSource, sink: EventSink, *, ctx: zmq.asyncio.Context | None = None,
-                 replay_timeout_s: float = 2.0, drop_seqs: frozenset[int] = frozenset()) -> None:
+                 replay_timeout_s: float = 2.0, drop_seqs: frozenset[int] = frozenset(),
+                 curve: ClientKeys | None = None) -> None:
         self.source = source
         self.sink = sink
+        self._curve = curve
         self.stats = ListenerStats()
         self._ctx = ctx
         self._replay_timeout_s = replay_timeout_s
@@ -128,10 +133,11 @@ class EventListener:
         try:
             sub.setsockopt(zmq.LINGER, 0)
             sub.setsockopt_string(zmq.SUBSCRIBE, self.source.topic)
+            self._secure(sub)
             sub.connect(self.source.endpoint)
             self.stats.connected_at = time.time()
-            logger.info("%s: subscribed to %s (replay endpoint: %s)", self._who, self.source.endpoint,
-                        self.source.replay_endpoint)
+            logger.info("%s: subscribed to %s (replay endpoint: %s%s)", self._who, self.source.endpoint,
+                        self.source.replay_endpoint, "; CURVE" if self._curve is not None else "")
             self._reset("connected: starting from an empty table")
             if self.source.replay_endpoint is not None:
                 await self._resync(sub, trigger=None)
@@ -150,6 +156,13 @@ class EventListener:
             if self._ctx is None:
                 ctx.destroy(linger=0)
             self._task = None
+
+    def _secure(self, sock: zmq.Socket) -> None:
+        """Make ``sock`` a CURVE client with the router's keys (before it connects), if the router has keys."""
+        if self._curve is not None:
+            sock.setsockopt(zmq.CURVE_SERVERKEY, self._curve.server)
+            sock.setsockopt(zmq.CURVE_PUBLICKEY, self._curve.public)
+            sock.setsockopt(zmq.CURVE_SECRETKEY, self._curve.secret)
 
     def stop(self) -> None:
         """Make ``run()`` return promptly; it closes its sockets on the way out. Callable from any thread."""
@@ -264,6 +277,7 @@ class EventListener:
         try:
             dealer.setsockopt(zmq.LINGER, 0)
             dealer.setsockopt(zmq.RCVHWM, 0)  # drop nothing on our side of the pipe
+            self._secure(dealer)
             dealer.connect(endpoint)
             await dealer.send_multipart([b"", start.to_bytes(8, "big")], flags=zmq.NOBLOCK)
             due = start

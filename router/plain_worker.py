@@ -24,7 +24,7 @@ from sgl_moe import saturation
 from sgl_moe.flops import FlopsModel
 from sgl_moe.router.router_tokenizer import VOCABULARY_FILES, RouterTokenizer
 from sgl_moe.router.worker import WorkerError
-from sgl_moe.wire import INFO_PATH, KvEventEndpoint, SaturationInfo, TokenizerFiles, WorkerInfo
+from sgl_moe.wire import INFO_PATH, KvEventEndpoint, SaturationInfo, TokenizerFiles, WorkerInfo, kv_event_endpoints
 
 if TYPE_CHECKING:
     from sgl_moe.router.config import RouterConfig
@@ -80,6 +80,13 @@ def check_flags(cfg: RouterConfig) -> None:
         raise ValueError(f"--page-size must be >= 1, got {cfg.page_size}")
     if cfg.kv_events_config is not None:
         kv_event_endpoints(cfg.kv_events_config, 1)
+    if cfg.kv_events_keys is not None:  # the keys serve every worker's events; checked here with the other KV flags
+        from sgl_moe.kv_event_keys import KeyFileError, load_client_keys
+
+        try:
+            load_client_keys(cfg.kv_events_keys)
+        except KeyFileError as exc:
+            raise ValueError(f"--kv-events-keys: {exc}") from None
 
 
 async def _first_json(get: Get, url: str, paths: tuple[str, ...]) -> tuple[dict[str, Any] | None, str | None]:
@@ -95,35 +102,6 @@ async def _first_json(get: Get, url: str, paths: tuple[str, ...]) -> tuple[dict[
             raise WorkerError(400, f"{url}: GET {path} is not a JSON object")
         return data, path
     return None, None
-
-
-def kv_event_endpoints(kv_events_config: str, dp_size: int) -> list[KvEventEndpoint]:
-    """SGLang's ``--kv-events-config`` JSON as endpoints, one per DP rank on the configured port + rank.
-
-    A ``publisher`` other than ``zmq`` publishes nothing. Raises ValueError naming what does not parse.
-    """
-    try:
-        cfg = json.loads(kv_events_config)
-    except json.JSONDecodeError as exc:
-        raise ValueError(f"--kv-events-config is not valid JSON: {exc}") from None
-    if not isinstance(cfg, dict):
-        raise ValueError("--kv-events-config must be a JSON object")
-    if cfg.get("publisher", "null") != "zmq":
-        return []
-    endpoint = _tcp(cfg.get("endpoint") or "tcp://*:5557", "endpoint")  # SGLang's default endpoint
-    replay = _tcp(cfg["replay_endpoint"], "replay_endpoint") if cfg.get("replay_endpoint") else None
-    return [KvEventEndpoint(dp_rank=r, endpoint=f"{endpoint[0]}:{endpoint[1] + r}",
-                            replay_endpoint=f"{replay[0]}:{replay[1] + r}" if replay else None,
-                            topic=str(cfg.get("topic") or ""))
-            for r in range(max(1, dp_size))]
-
-
-def _tcp(endpoint: str, key: str) -> tuple[str, int]:
-    """``tcp://host:port`` -> (``tcp://host``, port); the router can subscribe to nothing else."""
-    head, _, port = str(endpoint).rpartition(":")
-    if not head.startswith("tcp://") or not port.isdigit():
-        raise ValueError(f"--kv-events-config {key} must be tcp://HOST:PORT, got {endpoint!r}")
-    return head, int(port)
 
 
 def _descriptor_endpoints(desc: dict[str, Any]) -> list[KvEventEndpoint]:

@@ -54,6 +54,14 @@ KV_EVENTS_PORT_OFFSET = 1000
 REPLAY_PORT_OFFSET = 2000
 """The publisher's replay endpoint binds port + 2000 (+ DP rank)."""
 
+# -- KV-event publishers --------------------------------------------------------------------------------------------
+KV_EVENTS_PUBLISHERS = ("zmq", "sgl_moe_curve")
+"""``--kv-events-config`` publishers that publish on ZMQ: SGLang's own, and sgl_moe's CURVE-authenticated one
+(``patches.kv_events_curve``, registered in the worker's scheduler when ``--moe-kv-events-keys`` is given)."""
+KV_EVENTS_CURVE_PUBLISHER = "sgl_moe_curve"
+SGLANG_DEFAULT_KV_ENDPOINT = "tcp://*:5557"
+"""SGLang 0.5.23's ``KVEventsConfig.endpoint`` default."""
+
 # -- files --------------------------------------------------------------------------------------------------------
 PREDICTOR_DIR = "expert_predictor"
 """``<model_dir>/expert_predictor/``: the next-layer expert predictor bundle (``python -m
@@ -98,6 +106,9 @@ class KvEventEndpoint:
     endpoint: str | None
     replay_endpoint: str | None = None
     topic: str = ""
+    curve_public_key: str | None = None
+    """The publisher's CURVE public key (Z85) when it accepts only CURVE clients (``--moe-kv-events-keys``);
+    None: plain ZMQ."""
 
 
 @dataclass(frozen=True)
@@ -134,6 +145,10 @@ class WorkerInfo:
     instance_id: str | None = None
     """New on every start: a router that sees it change knows the worker restarted with an empty cache."""
     context_length: int = 0
+    vocab_size: int = 0
+    """Rows of the embedding table: the router refuses token ids at or above it (0: unknown)."""
+    hidden_size: int = 0
+    """Width of an ``input_embeds`` row (0: unknown)."""
     dp_size: int = 1
     prefix_caching: bool = True
     kv_events: list[KvEventEndpoint] = field(default_factory=list)
@@ -151,6 +166,42 @@ class WorkerInfo:
     @property
     def calibrating(self) -> bool:
         return self.saturation.state == "calibrating"
+
+
+def kv_events_config(text: str) -> dict[str, Any]:
+    """SGLang's ``--kv-events-config`` JSON as a dict; ValueError naming what does not parse."""
+    import json
+
+    try:
+        cfg = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"--kv-events-config is not valid JSON: {exc}") from None
+    if not isinstance(cfg, dict):
+        raise ValueError("--kv-events-config must be a JSON object")
+    return cfg
+
+
+def tcp_endpoint(endpoint: str, key: str = "endpoint") -> tuple[str, int]:
+    """``tcp://host:port`` -> (``tcp://host``, port); ValueError for anything else (a router subscribes to TCP only)."""
+    head, _, port = str(endpoint).rpartition(":")
+    if not head.startswith("tcp://") or not port.isdigit():
+        raise ValueError(f"--kv-events-config {key} must be tcp://HOST:PORT, got {endpoint!r}")
+    return head, int(port)
+
+
+def kv_event_endpoints(config: str, dp_size: int, curve_public_key: str | None = None) -> list[KvEventEndpoint]:
+    """The publishers a ``--kv-events-config`` JSON starts: one per DP rank, on the configured port + rank
+    (SGLang's ``ZmqEventPublisher.offset_endpoint_port``). A publisher that is not ZMQ publishes nothing.
+    ValueError naming what does not parse."""
+    cfg = kv_events_config(config)
+    if cfg.get("publisher", "null") not in KV_EVENTS_PUBLISHERS:
+        return []
+    endpoint = tcp_endpoint(cfg.get("endpoint") or SGLANG_DEFAULT_KV_ENDPOINT)
+    replay = tcp_endpoint(cfg["replay_endpoint"], "replay_endpoint") if cfg.get("replay_endpoint") else None
+    return [KvEventEndpoint(dp_rank=r, endpoint=f"{endpoint[0]}:{endpoint[1] + r}",
+                            replay_endpoint=f"{replay[0]}:{replay[1] + r}" if replay else None,
+                            topic=str(cfg.get("topic") or ""), curve_public_key=curve_public_key)
+            for r in range(max(1, dp_size))]
 
 
 def encode(message: Any) -> bytes:

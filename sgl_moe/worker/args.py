@@ -58,6 +58,16 @@ class MoeArgs:
     dual_batch_always: bool = False
     """Split every eligible decode forward, even where the solver predicts no gain (to test and to measure)."""
 
+    kv_events_keys: str | None = None
+    """Directory with this worker's CURVE keys for its KV-event sockets (the worker/ folder made by `python -m
+    sgl_moe.kv_event_keys DIR`: worker.key_secret, and one *.key per router allowed to read). The events carry
+    the prompts' token ids: with keys, the publisher and its replay endpoint talk only, encrypted, to clients
+    holding one of those keys, and may bind a non-loopback --host."""
+    kv_events_allow_unauthenticated: bool = False
+    """Publish KV events without CURVE on a non-loopback --host (bound to that address; with --host 0.0.0.0 or
+    :: on every interface): anyone who reaches the ports can read the prompts' token ids. Without it, such a
+    --host needs --moe-kv-events-keys."""
+
     def validate(self) -> None:
         if self.saturation_flops is not None and not self.saturation_flops > 0:
             raise MoeArgsError(f"--moe-saturation-flops must be positive, got {self.saturation_flops}")
@@ -77,6 +87,13 @@ class MoeArgs:
             raise MoeArgsError(f"--moe-resident-experts must be >= 0, got {self.resident_experts}")
         if not self.calibration_timeout_s > 0:
             raise MoeArgsError(f"--moe-calibration-timeout-s must be positive, got {self.calibration_timeout_s}")
+        if self.kv_events_keys is not None:
+            from sgl_moe.kv_event_keys import KeyFileError, load_server_keys
+
+            try:
+                load_server_keys(self.kv_events_keys)
+            except KeyFileError as exc:
+                raise MoeArgsError(f"--moe-kv-events-keys: {exc}") from None
 
     @property
     def streaming(self) -> bool:

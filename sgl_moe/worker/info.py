@@ -6,8 +6,6 @@ start-up (page size, step size) are read when the first request arrives (see ``r
 
 from __future__ import annotations
 
-import json
-import re
 from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
@@ -25,26 +23,33 @@ from sgl_moe.wire import (
     TokenizerFiles,
     WorkerInfo,
 )
+from sgl_moe.wire import kv_event_endpoints as wire_kv_event_endpoints
 from sgl_moe.worker.args import MoeArgs
 
 
-def kv_event_endpoints(kv_events_config: str | None, dp_size: int) -> list[KvEventEndpoint]:
-    """One publisher per data-parallel rank, on the configured port + rank (SGLang's own rule)."""
-    if not kv_events_config:
-        return []
-    cfg = json.loads(kv_events_config)
-    if cfg.get("publisher", "null") != "zmq":
-        return []
+def kv_event_endpoints(kv_events_config: str | None, dp_size: int,
+                       curve_public_key: str | None = None) -> list[KvEventEndpoint]:
+    """One publisher per data-parallel rank, on the configured port + rank (``wire.kv_event_endpoints``; the
+    launcher checked the config)."""
+    return wire_kv_event_endpoints(kv_events_config, dp_size, curve_public_key) if kv_events_config else []
 
-    def offset(endpoint: str | None, rank: int) -> str | None:
-        if not endpoint:
-            return None
-        m = re.match(r"^(.*):(\d+)$", endpoint)
-        return f"{m.group(1)}:{int(m.group(2)) + rank}" if m else endpoint
 
-    return [KvEventEndpoint(dp_rank=r, endpoint=offset(cfg.get("endpoint"), r),
-                            replay_endpoint=offset(cfg.get("replay_endpoint"), r), topic=cfg.get("topic", ""))
-            for r in range(max(1, dp_size))]
+def public_view(info: WorkerInfo) -> WorkerInfo:
+    """The info as anyone may read it: no absolute paths of this machine (the model and tokenizer directories,
+    the key directory become their last component). The router needs none of them: it reads the tokenizer
+    files through ``TOKENIZER_FILES_PATH``."""
+    moe_args = dict(info.moe_args)
+    if moe_args.get("kv_events_keys"):
+        moe_args["kv_events_keys"] = _base_name(moe_args["kv_events_keys"])
+    return replace(info, model_path=_base_name(info.model_path), moe_args=moe_args,
+                   tokenizer=replace(info.tokenizer, path=_base_name(info.tokenizer.path)))
+
+
+def _base_name(path: str) -> str:
+    """A local path's last component (a hub id such as ``org/model`` is not a path and stays whole)."""
+    if not path.startswith(("/", "~", ".")) and not Path(path).expanduser().exists():
+        return path
+    return Path(path.rstrip("/")).name or path
 
 
 def saturation_info(theta: SaturationThreshold, step_tokens: int) -> SaturationInfo:
@@ -78,7 +83,7 @@ def tokenizer_files(tokenizer_path: str) -> TokenizerFiles:
 def build_info(*, model_name: str, model_path: str, tokenizer_path: str, hf_config: dict[str, Any],
                instance_id: str, context_length: int, page_size: int, step_tokens: int, dp_size: int,
                kv_events_config: str | None, prefix_caching: bool, device: str, sglang_version: str, moe: MoeArgs,
-               theta: SaturationThreshold) -> WorkerInfo:
+               theta: SaturationThreshold, curve_public_key: str | None = None) -> WorkerInfo:
     return WorkerInfo(
         sgl_moe_version=__version__,
         instance_id=instance_id,
@@ -90,7 +95,7 @@ def build_info(*, model_name: str, model_path: str, tokenizer_path: str, hf_conf
         page_size=page_size,
         prefix_caching=prefix_caching,
         dp_size=dp_size,
-        kv_events=kv_event_endpoints(kv_events_config, dp_size),
+        kv_events=kv_event_endpoints(kv_events_config, dp_size, curve_public_key),
         flops=FlopsModel.from_hf_config(hf_config),
         saturation=saturation_info(theta, step_tokens),
         device=device,

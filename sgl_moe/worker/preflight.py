@@ -5,13 +5,23 @@ Everything here fails with ``LaunchError`` (one line, exit status 2) before SGLa
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import logging
 import socket
 from pathlib import Path
 
 from sgl_moe import DEFAULT_MODEL_DIR
-from sgl_moe.wire import KV_EVENTS_PORT_OFFSET, PREDICTOR_DIR, REPLAY_PORT_OFFSET
+from sgl_moe.wire import (
+    KV_EVENTS_CURVE_PUBLISHER,
+    KV_EVENTS_PORT_OFFSET,
+    KV_EVENTS_PUBLISHERS,
+    PREDICTOR_DIR,
+    REPLAY_PORT_OFFSET,
+    kv_event_endpoints,
+    kv_events_config,
+)
+from sgl_moe.worker.args import MoeArgs
 from sgl_moe.worker.argv import ArgvView
 
 logger = logging.getLogger("sgl_moe.launch_server")
@@ -81,23 +91,98 @@ def check_values(argv: ArgvView) -> None:
             raise LaunchError(f"{names[0]} must be a positive integer, got {value!r}")
 
 
-def with_defaults(argv: ArgvView) -> ArgvView:
-    """SGLang argv with the project's defaults added where the user gave none."""
+WILDCARD_HOSTS = ("0.0.0.0", "::", "[::]", "*", "")
+"""``--host`` values that serve on every interface."""
+
+
+def is_loopback(host: str) -> bool:
+    """An address (or a name resolving to one) that only this machine reaches."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        pass
+    try:
+        return ipaddress.ip_address(socket.gethostbyname(host)).is_loopback
+    except OSError:
+        return False  # unresolvable: SGLang itself will fail to serve on it
+
+
+def kv_events_bind_host(host: str, moe: MoeArgs) -> str:
+    """The address the KV-event sockets bind: the one the worker serves on, never every interface unless asked.
+
+    Loopback: 127.0.0.1 (also for ::1: SGLang 0.5.23's publisher binds IPv4 only, it never sets ZMQ_IPV6).
+    Anything else publishes the prompts' token ids off this machine, so it needs CURVE keys or the explicit
+    ``--moe-kv-events-allow-unauthenticated``; then a wildcard ``--host`` binds ``*`` and a concrete one that
+    address (a name is resolved to its IPv4 address).
+    """
+    if host not in WILDCARD_HOSTS and is_loopback(host):
+        return "127.0.0.1"
+    if moe.kv_events_keys is None and not moe.kv_events_allow_unauthenticated:
+        raise LaunchError(
+            f"--host {host or '(all interfaces)'} would publish the KV events, which carry the prompts' token ids, "
+            "to anyone who reaches their ports: make CURVE keys with `python -m sgl_moe.kv_event_keys DIR` and pass "
+            "--moe-kv-events-keys DIR/worker (the router: --kv-events-keys DIR/router), or accept unauthenticated "
+            "events with --moe-kv-events-allow-unauthenticated, or give your own --kv-events-config")
+    if host in WILDCARD_HOSTS:
+        return "*"
+    try:
+        address = ipaddress.ip_address(host.strip("[]"))
+    except ValueError:
+        try:
+            return socket.gethostbyname(host)
+        except OSError as exc:
+            raise LaunchError(f"--host {host} does not resolve to an IPv4 address: {exc}") from None
+    if address.version != 4:
+        raise LaunchError(f"--host {host}: SGLang 0.5.23's KV-event publisher cannot bind IPv6 addresses (it never "
+                          "sets ZMQ_IPV6); serve on an IPv4 address, or give --kv-events-config with an IPv4 endpoint")
+    return str(address)
+
+
+def kv_events_defaults(argv: ArgvView, moe: MoeArgs) -> ArgvView:
+    """``--kv-events-config``: the project's default (bound to the worker's own address, port + 1000 / + 2000),
+    or the user's own taken as given; with ``--moe-kv-events-keys`` either publishes through the CURVE publisher."""
+    text = argv.value("--kv-events-config")
+    if text is not None:
+        try:
+            cfg = kv_events_config(text)
+        except ValueError as exc:
+            raise LaunchError(str(exc)) from None
+        if cfg.get("publisher") not in KV_EVENTS_PUBLISHERS:
+            if moe.kv_events_keys is not None:
+                logger.warning("--moe-kv-events-keys: --kv-events-config publishes no ZMQ events; keys unused")
+            return argv
+        if moe.kv_events_keys is not None and cfg.get("publisher") != KV_EVENTS_CURVE_PUBLISHER:
+            return argv.plus("--kv-events-config", json.dumps({**cfg, "publisher": KV_EVENTS_CURVE_PUBLISHER}))
+        endpoint = str(cfg.get("endpoint") or "")
+        host = endpoint[len("tcp://"):].rpartition(":")[0] if endpoint.startswith("tcp://") else ""
+        if moe.kv_events_keys is None and host and (host in WILDCARD_HOSTS or not is_loopback(host)):
+            logger.warning("--kv-events-config %s: KV events (the prompts' token ids) are published without "
+                           "authentication; see --moe-kv-events-keys", endpoint)
+        return argv
+    host = argv.value("--host") or "127.0.0.1"
+    bind_host = kv_events_bind_host(host, moe)
+    port = argv.int_value("--port", default=DEFAULT_PORT)
+    dp = argv.int_value("--dp-size", "--data-parallel-size", default=1)
+    events, replay = event_ports(bind_host, port, dp)
+    if bind_host != "127.0.0.1" and moe.kv_events_keys is None:
+        logger.warning("KV events (the prompts' token ids) are published WITHOUT authentication on %s ports "
+                       "%d and %d (--moe-kv-events-allow-unauthenticated)", bind_host, events, replay)
+    return argv.plus("--kv-events-config", json.dumps({
+        "publisher": "zmq" if moe.kv_events_keys is None else KV_EVENTS_CURVE_PUBLISHER, "bind": True, "topic": "kv",
+        "endpoint": f"tcp://{bind_host}:{events}", "replay_endpoint": f"tcp://{bind_host}:{replay}",
+    }))
+
+
+def with_defaults(argv: ArgvView, moe: MoeArgs | None = None) -> ArgvView:
+    """SGLang argv with the project's defaults added where the user gave none (``moe``: the worker's --moe-*
+    flags, which decide how the KV events are bound and secured; None: their defaults)."""
     if not argv.has("--model-path", "--model"):
         argv = argv.plus("--model-path", str(DEFAULT_MODEL_DIR))
     if not argv.has("--page-size"):
         argv = argv.plus("--page-size", str(DEFAULT_PAGE_SIZE))
-    if not argv.has("--kv-events-config"):
-        host = argv.value("--host") or "127.0.0.1"
-        port = argv.int_value("--port", default=DEFAULT_PORT)
-        dp = argv.int_value("--dp-size", "--data-parallel-size", default=1)
-        pub_host = "127.0.0.1" if host in ("127.0.0.1", "localhost") else "*"
-        events, replay = event_ports(host, port, dp)
-        argv = argv.plus("--kv-events-config", json.dumps({
-            "publisher": "zmq", "bind": True, "topic": "kv",
-            "endpoint": f"tcp://{pub_host}:{events}", "replay_endpoint": f"tcp://{pub_host}:{replay}",
-        }))
-    return argv
+    return kv_events_defaults(argv, moe if moe is not None else MoeArgs())
 
 
 def preflight(argv: ArgvView) -> None:
@@ -110,13 +195,13 @@ def preflight(argv: ArgvView) -> None:
     kv = argv.value("--kv-events-config")
     if kv is not None:
         try:
-            cfg = json.loads(kv)
-        except json.JSONDecodeError as exc:
-            raise LaunchError(f"--kv-events-config is not valid JSON: {exc}") from None
-        if not isinstance(cfg, dict):
-            raise LaunchError("--kv-events-config must be a JSON object")
+            cfg = kv_events_config(kv)
+            kv_event_endpoints(kv, 1)  # the router subscribes to tcp:// endpoints only
+        except ValueError as exc:
+            raise LaunchError(str(exc)) from None
         endpoint = str(cfg.get("endpoint", ""))
-        if cfg.get("publisher") == "zmq" and endpoint.startswith("tcp://") and cfg.get("bind") is not False:
+        publishes = cfg.get("publisher") in KV_EVENTS_PUBLISHERS
+        if publishes and endpoint.startswith("tcp://") and cfg.get("bind") is not False:
             ep_host, _, ep_port = endpoint[len("tcp://"):].rpartition(":")
             if ep_port.isdigit() and not port_free(ep_host, int(ep_port)):
                 raise LaunchError(f"KV-events endpoint {endpoint} is already in use")

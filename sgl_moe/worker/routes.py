@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hmac
 import importlib.metadata
 import json
 import uuid
@@ -22,7 +23,7 @@ from sgl_moe.wire import (
     TOKENIZER_PATH,
 )
 from sgl_moe.worker.args import MoeArgs
-from sgl_moe.worker.info import build_info, with_saturation
+from sgl_moe.worker.info import build_info, public_view, with_saturation
 from sgl_moe.worker.theta_calibration import Calibrator, WorkerShape
 
 
@@ -82,10 +83,35 @@ def _with_counts(out: dict[str, Any], profile_dir: str | None, name: str) -> dic
     return out
 
 
+ADMIN_KEY_HEADER = "X-Admin-Key"
+"""Where the worker's admin key may travel besides ``Authorization: Bearer`` (which SGLang's middleware keeps for
+the ``--api-key`` when the worker has both keys)."""
+
+
+def is_admin(headers, admin_api_key: str | None) -> bool:
+    """Whether a request carries the worker's admin key (SGLang's ``--admin-api-key``), compared in constant time."""
+    if not admin_api_key:
+        return False
+    scheme, _, token = (headers.get("authorization") or "").partition(" ")
+    given = [token.strip()] if scheme.lower() == "bearer" else []
+    given.append(headers.get(ADMIN_KEY_HEADER) or "")
+    expected = admin_api_key.encode()
+    return any(hmac.compare_digest(g.encode(), expected) for g in given if g)
+
+
+def _curve_public_key(moe: MoeArgs) -> str | None:
+    if moe.kv_events_keys is None:
+        return None
+    from sgl_moe.kv_event_keys import load_server_keys
+
+    return load_server_keys(moe.kv_events_keys).public.decode()
+
+
 def install_routes(server_args, moe: MoeArgs, device: str, profile_dir: str | None = None) -> None:
     """Register the routes; the info payload is built on first request, after SGLang resolved its args.
 
     With weight streaming on, a calibration thread starts here and profiles the worker once it is healthy."""
+    from fastapi import Request
     from fastapi.responses import FileResponse, JSONResponse, Response
     from sglang.srt.arg_groups.overrides import resolving_view
     from sglang.srt.entrypoints.http_server import app
@@ -94,6 +120,7 @@ def install_routes(server_args, moe: MoeArgs, device: str, profile_dir: str | No
     cache: dict[str, wire.WorkerInfo] = {}
     # New on every start: a router that sees it change knows the worker restarted with an empty cache.
     instance_id = uuid.uuid4().hex
+    curve_public_key = _curve_public_key(moe)
 
     def resolved():
         a = resolving_view(server_args)  # values SGLang resolved at start-up (page size, step)
@@ -120,6 +147,7 @@ def install_routes(server_args, moe: MoeArgs, device: str, profile_dir: str | No
                 step_tokens=int(step), dp_size=int(a.dp_size or 1), kv_events_config=a.kv_events_config,
                 prefix_caching=not a.disable_radix_cache, device=device,
                 sglang_version=importlib.metadata.version("sglang"), moe=moe, theta=theta(),
+                curve_public_key=curve_public_key,
             )
         current = cache["info"]
         if current.calibrating:
@@ -128,8 +156,11 @@ def install_routes(server_args, moe: MoeArgs, device: str, profile_dir: str | No
                 current = cache["info"] = with_saturation(current, latest)
         return current
 
-    async def get_info() -> Response:
+    async def get_info(request) -> Response:
+        """The info; absolute paths of this machine only for a request carrying the admin key."""
         payload = info()
+        if not is_admin(request.headers, resolving_view(server_args).admin_api_key):
+            payload = public_view(payload)
         if moe.expert_offload:
             payload = replace(payload, offload=_offload_counts(moe, profile_dir))
         if moe.dual_batch != "off":
@@ -151,6 +182,7 @@ def install_routes(server_args, moe: MoeArgs, device: str, profile_dir: str | No
             return await get_tokenizer_file(name)
         return get_file
 
+    get_info.__annotations__["request"] = Request  # a class, not a string: FastAPI then passes the request
     app.add_api_route(INFO_PATH, get_info, methods=["GET"])
     app.add_api_route(TOKENIZER_FILES_PATH + "/{name:path}", get_tokenizer_file, methods=["GET"])
     app.add_api_route(TOKENIZER_PATH, fixed("tokenizer.json"), methods=["GET"])
