@@ -1,0 +1,69 @@
+"""GPU measurement helpers shared by the GPU tests and the probe (tools/gpu_probe.py): a compute load of a
+chosen length on the current stream, and a count of the synchronizing CUDA calls a piece of code makes.
+
+Method (the device notes): warm up first, time with CUDA events on the streams involved, read them only
+after a synchronize, take medians. Torch only.
+"""
+
+from __future__ import annotations
+
+import statistics
+import warnings
+from collections.abc import Callable
+
+import torch
+
+
+def event() -> torch.cuda.Event:
+    """A timing event recorded now on the current stream."""
+    ev = torch.cuda.Event(enable_timing=True)
+    ev.record()
+    return ev
+
+
+def time_cuda(fn: Callable[[], object], reps: int = 10, warmup: int = 2) -> float:
+    """Median seconds of ``fn`` between CUDA events on the current stream (warm-up runs excluded)."""
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(reps):
+        a = event()
+        fn()
+        b = event()
+        b.synchronize()
+        times.append(a.elapsed_time(b) / 1e3)
+    return statistics.median(times)
+
+
+class ComputeLoad:
+    """Back-to-back bf16 (float32 where bf16 is missing) matrix products on the current stream, on random
+    operands, sized to last about ``seconds`` once ``calibrate`` has timed one product."""
+
+    def __init__(self, device: torch.device, n: int = 4096) -> None:
+        gen = torch.Generator(device=device).manual_seed(0)
+        self.a = torch.randn(n, n, device=device, dtype=torch.bfloat16, generator=gen)
+        self.b = torch.randn(n, n, device=device, dtype=torch.bfloat16, generator=gen) / n ** 0.5
+        self.out = torch.empty_like(self.a)
+        self.one_s = time_cuda(lambda: torch.matmul(self.a, self.b, out=self.out), reps=5)
+
+    def issue(self, seconds: float) -> int:
+        """Queue products for about ``seconds`` on the current stream; returns how many (at least 1)."""
+        count = max(1, round(seconds / self.one_s))
+        for _ in range(count):
+            torch.matmul(self.a, self.b, out=self.out)
+        return count
+
+
+def count_syncs(fn: Callable[[], object]) -> tuple[int, object]:
+    """(synchronizing CUDA calls ``fn`` made, its result), from torch's sync debug mode in 'warn'."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        previous = torch.cuda.get_sync_debug_mode()
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            result = fn()
+        finally:
+            torch.cuda.set_sync_debug_mode(previous)
+    n = sum(1 for w in caught if "synchroniz" in str(w.message).lower())
+    return n, result
