@@ -95,11 +95,25 @@ def main(argv: list[str] | None = None) -> int:
     result = {"ok": ok, "device": torch.cuda.get_device_name(0) if args.device == "cuda" else "cpu",
               "torch": torch.__version__, "world": ranks, "modes": modes, "note": note, "ranks": results}
     text = json.dumps(result, indent=1)
-    if args.json:
+    if args.json:  # the JSON goes to the file; stdout gets a table
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(text)
-    print(text)
+        print(table(result))
+    else:
+        print(text)
     return 0 if ok else 1
+
+
+def table(result: dict) -> str:
+    lines = [f"streaming selfcheck on {result['device']} (torch {result['torch']}), {result['world']} rank(s): "
+             f"{'ok' if result['ok'] else 'FAILED'}" + (f"; {result['note']}" if result["note"] else ""), "",
+             "| rank | mode | first forward = resident | second forward = resident | loads | device expert MB |",
+             "|---|---|---|---|---|---|"]
+    for rank, res in enumerate(result["ranks"]):
+        for mode, r in res.items():
+            lines.append(f"| {rank} | {mode} | {r['first_equal']} | {r['second_equal']} | {r['loads']} | "
+                         f"{r['device_expert_bytes'] / 1e6:.3f} |")
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":
