@@ -4,7 +4,9 @@ With one Θ and one FLOPs model for all workers (``LoadOrder.uniform``), every w
 the job costs the same, and each ordering the policies use (load; load after the job) is monotone in
 in-flight FLOPs, so the best of those workers is found in the load order. Only the workers holding a
 prefix of the job and those few representatives are scored. Among the holders of a prefix, the policy's
-rank is (matched blocks, lower load, higher id): the longest group first, then load order. A job without
+rank is (matched blocks, lower load, higher id): the longest group first, then load order. A job matching
+nothing anywhere takes the least-loaded worker, ties in turn (``LoadOrder.least_in_turn``), as the policy
+does. A job without
 block keys (no affinity) is placed by load alone: the least-loaded admissible worker, ties in turn.
 """
 
@@ -47,10 +49,10 @@ class FastPath:
         if policy == "least_flops":
             w = view.least(lambda x: x / theta, highest_id=False)
             return score_one(job, w, groups), "least in-flight FLOPs / Θ"
-        if not groups:
-            free = job_cost(workers[0], job, [0])
-            w = view.least(lambda x: (x + free) / theta, highest_id=False)
-            return score_one(job, w, groups), "no prefix match anywhere: least loaded after this request"
+        if not groups:  # every worker costs the same: least in-flight FLOPs, ties in turn
+            w = view.least_in_turn(self.policy.last_by_load)
+            self.policy.took_by_load(w)
+            return score_one(job, w, groups), "no prefix match anywhere: least loaded after this request, ties in turn"
         best = score_one(job, view.best_in(groups[0][1], admissible=False), groups)
         if best.worker.admissible:
             return best, f"longest prefix match ({best.matched_blocks} blocks)"
@@ -99,7 +101,9 @@ class FastPath:
         free = job_cost(workers[0], job, list(zero))
         reps = [view.least(lambda x: x / theta, highest_id=policy != "least_flops", skip=skip)]
         if policy != "least_flops":
-            reps.append(view.least(lambda x: (x + free) / theta, highest_id=False, skip=skip))
+            # When the first prompt matches nowhere the policy takes the least loaded after the job, ties in
+            # turn: among the workers holding nothing, that is the least loaded, ties in turn.
+            reps.append(view.least_in_turn(self.policy.last_by_load, skip=skip))
         for w in dict.fromkeys(r for r in reps if r is not None):
             rank, slot = min(w.slots.items())  # nothing matched: the lowest DP rank, as score_all picks
             cands.append(Candidate(w, slot, rank, 0, zero, free))

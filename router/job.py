@@ -30,6 +30,10 @@ class Job:
     waiting_cost: float = 0.0
     held: bool = False
     """Waited (or waits) for promised prefix blocks to be stored (see ``Scheduler``'s prefix wait)."""
+    wait_started: float | None = None
+    """When this job first chose to wait for its saturated best-matching worker (the clock of
+    ``max_affinity_wait_s``: counted from when the wait starts, not from arrival, so that a job that sat in a
+    deep backlog is not "late" the moment it first comes up)."""
 
     @property
     def affinity(self) -> bool:

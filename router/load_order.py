@@ -16,7 +16,6 @@ from __future__ import annotations
 
 from bisect import bisect_left, bisect_right, insort
 from collections.abc import Callable
-from itertools import chain
 from operator import itemgetter
 
 from sgl_moe.router.worker import Worker
@@ -106,19 +105,26 @@ class LoadOrder:
             i = j
         return best
 
-    def least_in_turn(self, after: str | None) -> Worker | None:
-        """The admissible worker of least in-flight FLOPs; among equally loaded ones, the first whose id
-        follows ``after`` (wrapping), so that successive picks among ties take turns."""
-        entries = self._entries
-        if not entries or entries[0][0] >= self.theta:
-            return None  # one Θ: the least loaded is below it or nobody is
-        x = entries[0][0]
-        end = bisect_right(entries, x, key=_inflight)
-        start = 0 if after is None else bisect_right(entries, (x, after), hi=end, key=_load_and_id)
-        for k in chain(range(start, end), range(start)):
-            w = entries[k][2]
-            if w.admissible:
-                return w
+    def least_in_turn(self, after: str | None, skip: int = 0) -> Worker | None:
+        """The admissible worker of least in-flight FLOPs among those with no slot in ``skip``; among equally
+        loaded ones, the first whose id follows ``after`` (wrapping), so that successive picks among ties take
+        turns."""
+        entries, bits = self._entries, self.bits
+        n = len(entries)
+        i = 0
+        while i < n:  # the first run of equal loads holding a worker that counts
+            x = entries[i][0]
+            if x >= self.theta:
+                return None  # one Θ: nobody from here on is admissible
+            end = bisect_right(entries, x, lo=i, key=_inflight)
+            run = [e[2] for e in entries[i:end] if not bits[e[2].id] & skip and e[2].admissible]
+            if run:
+                if after is not None:
+                    for w in run:  # ordered by id
+                        if w.id > after:
+                            return w
+                return run[0]
+            i = end
         return None
 
     def best_in(self, mask: int, *, admissible: bool) -> Worker | None:

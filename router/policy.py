@@ -1,9 +1,18 @@
 """The policy's pick among scored candidates: ``round_robin``, ``least_flops`` or ``longest_block_match``.
 
 ``longest_block_match`` takes the worker holding the longest prefix when it has room. When that worker is
-saturated, the job either waits for it or spills to the best worker with room: it spills when
-recomputing the prefix there finishes sooner than the work queued ahead on the best worker (equal-speed
-workers), or when it has waited ``max_affinity_wait_s`` already.
+saturated, the job either waits for it or spills to the best worker with room:
+
+- it spills when recomputing the prefix there finishes sooner than the work queued ahead on the best
+  worker (equal-speed workers), or when it has waited ``max_affinity_wait_s`` *since its wait started*
+  (``Job.wait_started``: the first time it chose to wait, not its arrival; in a deep backlog every job
+  would otherwise be "late" the moment it comes up, and reuse would collapse);
+- in a backlog, by throughput: while the scheduler's pump makes its first pass over the queue
+  (``defer_spills``), a spill is deferred, so capacity goes first to queued jobs that run without
+  recomputing anything; only room left over after that pass takes spills (it would idle otherwise).
+
+A job matching nothing anywhere goes to the least-loaded worker after this request; equally loaded
+workers (all idle, typically) are taken in turn, so new prefixes spread instead of piling on the lowest id.
 
 A job without block keys (``Job.affinity`` False: the router could not compute the exact prompt ids, or the
 request's KV namespace is not hashed) is placed by load alone under ``longest_block_match`` and
@@ -29,6 +38,9 @@ log = logging.getLogger("sgl_moe.router.decisions")
 
 Decision = tuple[Candidate | None, str]
 
+DEFERRED = "spill deferred"
+"""The reason's start when a spill waits for the pump's second pass."""
+
 BY_LOAD = "no affinity: least in-flight FLOPs / Θ, ties in turn"
 """The reason logged for a job placed by load alone."""
 
@@ -46,8 +58,10 @@ class PlacementPolicy:
         """FLOPs of the queued jobs ahead of a job that also wait for a worker (the scheduler's queue)."""
         self._rr = itertools.count()
         self.last_by_load: str | None = None
-        """Id of the worker the last job placed by load alone went to: equally loaded workers are taken in
-        turn after it (shared by both placement paths, as the round-robin turn is)."""
+        """Id of the worker the last job placed by load alone (or matching nothing) went to: equally loaded
+        workers are taken in turn after it (shared by both placement paths, as the round-robin turn is)."""
+        self.defer_spills = False
+        """Set by the scheduler during the first pass of a pump: spills wait for the second pass."""
 
     def choose(self, job: Job, cands: list[Candidate]) -> Decision | None:
         """The policy's pick among scored candidates (both placement paths end here unless they pick alone)."""
@@ -77,11 +91,16 @@ class PlacementPolicy:
         """The least in-flight FLOPs / Θ; among equal loads, the first worker id after the last one taken
         this way (wrapping), so equally loaded workers take turns."""
         least = min(c.load for c in admissible)
-        tied = sorted((c for c in admissible if c.load == least), key=lambda c: c.worker.id)
+        choice = self.in_turn([c for c in admissible if c.load == least])
+        return choice, BY_LOAD
+
+    def in_turn(self, tied: list[Candidate]) -> Candidate:
+        """Among tied candidates, the first worker id after the last one taken by load (wrapping); noted."""
+        tied = sorted(tied, key=lambda c: c.worker.id)
         after = self.last_by_load
         choice = next((c for c in tied if after is None or c.worker.id > after), tied[0])
         self.took_by_load(choice.worker)
-        return choice, BY_LOAD
+        return choice
 
     def took_by_load(self, worker: Worker) -> None:
         """``worker`` took a job placed by load alone (the fast path picks it itself, then calls this)."""
@@ -101,8 +120,11 @@ class PlacementPolicy:
 
         best = max(cands, key=rank)
         if best.matched_blocks == 0:
-            choice = min(admissible, key=lambda c: ((c.worker.inflight_flops + c.cost) / c.worker.theta, c.worker.id))
-            return choice, "no prefix match anywhere: least loaded after this request"
+            def after(c: Candidate) -> float:
+                return (c.worker.inflight_flops + c.cost) / c.worker.theta
+            least = min(after(c) for c in admissible)
+            choice = self.in_turn([c for c in admissible if after(c) == least])
+            return choice, "no prefix match anywhere: least loaded after this request, ties in turn"
         if best.worker.admissible:
             return best, f"longest prefix match ({best.matched_blocks} blocks)"
         alt = max(admissible, key=rank)
@@ -111,13 +133,20 @@ class PlacementPolicy:
         ahead = best.worker.inflight_flops + self.queued_cost_before(job, best.worker)
         wait_finish = ahead + best.cost
         spill_finish = alt.worker.inflight_flops + alt.cost
-        waited = self.clock() - job.arrived
-        if spill_finish < wait_finish:
+        now = self.clock()
+        if job.wait_started is None:
+            job.wait_started = now
+        waited = now - job.wait_started
+        sooner = spill_finish < wait_finish
+        if sooner or waited >= self.cfg.max_affinity_wait_s:
+            if self.defer_spills:
+                job.waiting_for, job.waiting_cost = best.worker.id, best.cost
+                return None, (f"{DEFERRED} to {alt.worker.id}: room goes first to queued jobs that recompute "
+                              "nothing (first pass of the pump)")
             self.stats.spills += 1
-            return alt, (f"spill: best {best.worker.id} ({best.matched_blocks} blocks) is saturated; recomputing "
-                         f"{alt.cost - best.cost:.3g} extra FLOPs here beats waiting behind {ahead:.3g}")
-        if waited >= self.cfg.max_affinity_wait_s:
-            self.stats.spills += 1
-            return alt, f"spill: waited {waited:.1f} s for saturated {best.worker.id}"
+            if sooner:
+                return alt, (f"spill: best {best.worker.id} ({best.matched_blocks} blocks) is saturated; recomputing "
+                             f"{alt.cost - best.cost:.3g} extra FLOPs here beats waiting behind {ahead:.3g}")
+            return alt, f"spill: waited {waited:.1f} s (since the wait started) for saturated {best.worker.id}"
         job.waiting_for, job.waiting_cost = best.worker.id, best.cost
-        return None, f"waiting for {best.worker.id} ({best.matched_blocks} blocks)"
+        return None, f"waiting for {best.worker.id} ({best.matched_blocks} blocks, {waited:.1f} s so far)"

@@ -30,13 +30,13 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from sgl_moe.router.block_index import BlockIndex
-from sgl_moe.router.candidates import Candidate, score_all
+from sgl_moe.router.candidates import Candidate, job_cost, score_all
 from sgl_moe.router.config import RouterConfig
 from sgl_moe.router.fast_path import FastPath
 from sgl_moe.router.job import Job, Placement
 from sgl_moe.router.load_order import LoadOrder
 from sgl_moe.router.pending import PendingLedger
-from sgl_moe.router.policy import PlacementPolicy
+from sgl_moe.router.policy import DEFERRED, PlacementPolicy
 from sgl_moe.router.worker import Worker
 from sgl_moe.router.worker_pool import WorkerPool
 
@@ -108,6 +108,8 @@ class Scheduler:
         ``queued_cost_before``); None outside pumps."""
         self.policy = PlacementPolicy(cfg, clock, self.stats, self.queued_cost_before)
         self.fast_path = FastPath(cfg, index, self.policy)
+        self.last_deferred = False
+        """Whether the last ``try_place`` that queued its job did so because its spill was deferred."""
         self._view: LoadOrder | None = None
         self._decision_window: deque[float] = deque(maxlen=4096)
 
@@ -166,18 +168,37 @@ class Scheduler:
         self.pump()
 
     def pump(self) -> None:
-        """Place queued requests, in FIFO order, while some worker has room.
+        """Place queued requests, in FIFO order, while some worker has room: two passes over the queue.
+
+        The first pass places what runs without a spill (``PlacementPolicy.defer_spills``): a worker with
+        room takes the queued jobs that match it or match nothing anywhere before it recomputes another
+        worker's prefix. The second pass, only when some worker still has room and the first deferred a
+        spill, lets the deferred jobs spill into that room (it would idle otherwise): in a backlog this is
+        spilling by throughput, not only by each job's finish time. Without a backlog (one job) the two
+        passes decide what one would.
 
         Nothing here awaits, so the queue and the workers change only through this loop: whether any
         worker has room changes only when a job is placed, and the jobs before the current one are
         exactly those this loop kept, which lets it keep their waiting costs as running sums (``ahead``).
         Hook: overridable (the simulator's memo scans only the jobs whose answer may have changed).
         """
+        policy = self.policy
+        policy.defer_spills = True
+        try:
+            deferred = self._pump_pass()
+        finally:
+            policy.defer_spills = False
+        if deferred:
+            self._pump_pass()
+
+    def _pump_pass(self) -> bool:
+        """One FIFO scan of the queue (``pump``); True if the policy deferred a spill and room remains."""
         scanned = 0
         queue = self.queue
         room: bool | None = None  # whether some worker has room; computed when first needed
         outer, ahead = self.ahead, {}
         self.ahead = ahead
+        deferred = False
         try:
             i = 0
             while i < len(queue):
@@ -194,17 +215,20 @@ class Scheduler:
                 if not room or scanned >= PUMP_SCAN_LIMIT:
                     break
                 scanned += 1
+                self.last_deferred = False
                 placement = self.try_place(job)
                 if placement is not None:
                     job.future.set_result(placement)
                     del queue[i]
                     room = None
                     continue
+                deferred = deferred or self.last_deferred
                 if job.waiting_for is not None:
                     ahead[job.waiting_for] = ahead.get(job.waiting_for, 0.0) + job.waiting_cost
                 i += 1
         finally:
             self.ahead = outer
+        return deferred and (room if room is not None else self.any_admissible())
 
     def decision_times(self) -> list[float]:
         return list(self._decision_window)
@@ -228,7 +252,10 @@ class Scheduler:
         if decision is None:
             return None
         candidate, reason = decision
-        if candidate is None:  # the job waits for a saturated worker
+        if candidate is None:  # the job waits for a saturated worker (or its spill waits for the second pass)
+            self.last_deferred = reason.startswith(DEFERRED)
+            if log.isEnabledFor(logging.DEBUG):
+                log.debug("queue %s: %s", job.rid, reason)
             self._note_decision(t0)
             return None
         return self._reserve(job, candidate, reason, t0)
@@ -270,24 +297,41 @@ class Scheduler:
                 ahead += other.waiting_cost
         return ahead
 
-    def _hold_for_prefix(self, job: Job, c: Candidate) -> bool:
-        """Whether ``job`` should wait for blocks ``c`` only has promised (in-batch prefix sharing).
+    def _hold_for_prefix(self, job: Job, c: Candidate) -> Candidate | None:
+        """None if ``job`` should wait for blocks ``c`` only has promised; else the candidate to reserve.
 
         SGLang computes a shared prefix once per request when several requests holding it arrive
         together (its radix cache learns the prefix only after a prefill). A request whose matched
-        prefix is still being computed for another request on the same worker therefore waits for the
-        BlockStored events (each re-scores the queue) and then reuses the blocks, as seed 000 §7.2's
+        prefix is still being computed for another request on the same worker can wait for the
+        BlockStored events (each re-scores the queue) and then reuse the blocks, as seed 000 §7.2's
         in-batch siblings do. Bounded by ``prefix_wait_s``; a failed promise ends the wait at once.
+
+        The wait is taken only when it pays: a worker below Θ even after computing the promised blocks
+        again (the duplicate) runs it in the same batch at no cost in throughput (Θ is where throughput
+        stops growing with more work), so the request goes now, its reservation the duplicate's full cost;
+        only when the duplicate would push the worker past Θ does the request wait for the blocks.
         """
         cfg = self.cfg
         if cfg.policy != "longest_block_match" or cfg.prefix_wait_s <= 0 or not job.keys or not c.matched_blocks:
-            return False
+            return c
         committed = self.index.committed_prefix(c.slot, job.keys[0][:c.matched_blocks])
-        if (c.matched_blocks - committed) * c.worker.page_size < max(cfg.prefix_wait_min_tokens, 1):
-            return False
+        promised_tokens = (c.matched_blocks - committed) * c.worker.page_size
+        if promised_tokens < max(cfg.prefix_wait_min_tokens, 1):
+            return c
+        w = c.worker
+        if len(job.prompt_lens) == 1:
+            n = job.prompt_lens[0]
+            dup_cached = min(committed * w.page_size, ((n - 1) // w.page_size) * w.page_size)
+            dup_cost = job_cost(w, job, [dup_cached])
+            if w.inflight_flops + dup_cost <= w.theta:
+                if log.isEnabledFor(logging.DEBUG):
+                    log.debug("no hold for %s on %s: %d promised tokens recomputed in the same batch; in-flight "
+                              "%.3g + %.3g <= Θ %.3g", job.rid, w.id, promised_tokens, w.inflight_flops, dup_cost,
+                              w.theta)
+                return Candidate(w, c.slot, c.dp_rank, c.matched_blocks, (dup_cached,), dup_cost)
         waited = self.clock() - job.arrived
         if waited >= cfg.prefix_wait_s:
-            return False
+            return c
         if not job.held:
             job.held = True
             self.stats.prefix_waits += 1
@@ -297,14 +341,18 @@ class Scheduler:
                 pass
         job.waiting_for, job.waiting_cost = c.worker.id, c.cost
         if log.isEnabledFor(logging.DEBUG):
-            log.debug("hold %s for %s: %d of %d matched blocks are still being computed there",
-                      job.rid, c.worker.id, c.matched_blocks - committed, c.matched_blocks)
-        return True
+            log.debug("hold %s for %s: %d of %d matched blocks are still being computed there and computing them "
+                      "again would pass Θ (in-flight %.3g of %.3g)", job.rid, c.worker.id,
+                      c.matched_blocks - committed, c.matched_blocks, w.inflight_flops, w.theta)
+        return None
 
     def _reserve(self, job: Job, c: Candidate, reason: str, t0: float) -> Placement | None:
-        if self._hold_for_prefix(job, c):
+        held = self._hold_for_prefix(job, c)
+        if held is None:
             self._note_decision(t0)
             return None
+        if held is not c:
+            c, reason = held, reason + "; promised blocks recomputed in the same batch (room below Θ)"
         w = c.worker
         before = w.inflight_flops
         w.inflight_flops += c.cost

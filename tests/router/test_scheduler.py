@@ -190,7 +190,8 @@ def test_baseline_policies_ignore_affinity(policy):
 
 
 def test_request_waits_for_prefix_blocks_another_request_is_computing():
-    sched, pool, index = make(n=2, prefix_wait_min_tokens=4 * PAGE)
+    # Θ leaves room for a but not for computing a's prefix a second time: holding b pays.
+    sched, pool, index = make(n=2, theta=1.5 * FLOPS.request_flops(0, 8 * PAGE + 1), prefix_wait_min_tokens=4 * PAGE)
 
     async def run():
         a = await sched.acquire(job("a", range(1, 9)))
@@ -210,7 +211,8 @@ def test_request_waits_for_prefix_blocks_another_request_is_computing():
 
 
 def test_prefix_wait_ends_when_the_computing_request_fails_or_time_runs_out():
-    sched, pool, index = make(n=2, prefix_wait_min_tokens=PAGE)
+    theta = 1.5 * FLOPS.request_flops(0, 4 * PAGE + 1)  # no room for the duplicate: the wait pays
+    sched, pool, index = make(n=2, theta=theta, prefix_wait_min_tokens=PAGE)
 
     async def failed():
         a = await sched.acquire(job("a", [1, 2, 3, 4]))
@@ -222,7 +224,7 @@ def test_prefix_wait_ends_when_the_computing_request_fails_or_time_runs_out():
         return await b
 
     assert asyncio.run(failed()).matched_blocks == 0
-    sched, pool, index = make(n=2, prefix_wait_min_tokens=PAGE, prefix_wait_s=0.05)
+    sched, pool, index = make(n=2, theta=theta, prefix_wait_min_tokens=PAGE, prefix_wait_s=0.05)
 
     async def expired():
         await sched.acquire(job("a", [1, 2, 3, 4]))
@@ -230,7 +232,7 @@ def test_prefix_wait_ends_when_the_computing_request_fails_or_time_runs_out():
 
     late = asyncio.run(expired())
     assert late.queued_s >= 0.05 and late.matched_blocks == 4  # goes ahead, still to the promising worker
-    sched, pool, index = make(n=2, prefix_wait_min_tokens=PAGE, prefix_wait_s=0)
+    sched, pool, index = make(n=2, theta=theta, prefix_wait_min_tokens=PAGE, prefix_wait_s=0)
 
     async def disabled():
         await sched.acquire(job("a", [1, 2, 3, 4]))
