@@ -1,4 +1,6 @@
-"""``python -m sgl_moe.policy_bench``: start workers (or use running ones), then run each policy cold."""
+"""``python -m sgl_moe.policy_bench``: start workers (or use running ones), then run each policy cold.
+
+``--matrix`` (``--smoke``: tiny, stand-in workers) runs the scenario matrix instead (``policy_bench.matrix``)."""
 
 from __future__ import annotations
 
@@ -64,6 +66,11 @@ def router_stats(router: RouterUnderTest) -> dict[str, float]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if "--matrix" in argv or "--smoke" in argv:  # the scenario matrix of issue 18 (see policy_bench.matrix)
+        from sgl_moe.policy_bench.matrix import main as matrix_main
+
+        return matrix_main(argv)
     args = parse_args(argv)
     log_dir = args.log_dir or Path(tempfile.mkdtemp(prefix="policy_bench-"))
     names = WORKLOADS if args.workloads == "mix" else tuple(args.workloads.split(","))

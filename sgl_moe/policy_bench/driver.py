@@ -65,3 +65,40 @@ async def run_stream(url: str, units: list[StreamUnit], concurrency: int, *, pro
     async with aiohttp.ClientSession(timeout=timeout, connector=aiohttp.TCPConnector(limit=0)) as session:
         await asyncio.gather(*(worker_loop(session) for _ in range(min(concurrency, len(units)))))
     return [r for r in records if r is not None], time.perf_counter() - t0
+
+
+async def run_open(url: str, units: list[StreamUnit], rate_rps: float, seed: int, *, progress: bool = True,
+                   timeout_s: float = 600.0) -> tuple[list[Record], float]:
+    """Open loop: unit i is sent at its Poisson arrival time (seeded), whatever is still in flight.
+
+    Wall seconds run from the first send to the last answer, so req/s is the offered rate while the
+    routers keep up and falls below it when they do not.
+    """
+    import random
+
+    rng = random.Random(seed)
+    at, t = [], 0.0
+    for _ in units:
+        at.append(t)
+        t += rng.expovariate(rate_rps)
+    records: list[Record | None] = [None] * len(units)
+    done = 0
+    t0 = time.perf_counter()
+    last_print = t0
+
+    async def one(session: aiohttp.ClientSession, i: int) -> None:
+        nonlocal done, last_print
+        delay = at[i] - (time.perf_counter() - t0)
+        if delay > 0:
+            await asyncio.sleep(delay)
+        records[i] = await _send(session, url, units[i])
+        done += 1
+        now = time.perf_counter()
+        if progress and (now - last_print > 5 or done == len(units)):
+            last_print = now
+            print(f"  {done}/{len(units)} requests (offered {rate_rps:.2f} req/s)", file=sys.stderr, flush=True)
+
+    timeout = aiohttp.ClientTimeout(total=timeout_s)
+    async with aiohttp.ClientSession(timeout=timeout, connector=aiohttp.TCPConnector(limit=0)) as session:
+        await asyncio.gather(*(one(session, i) for i in range(len(units))))
+    return [r for r in records if r is not None], time.perf_counter() - t0

@@ -67,3 +67,64 @@ def targets(rows: list[dict]) -> list[str]:
             out.append(f"throughput vs {other} = {ratio:.2f}x (target >= {goal}x): "
                        f"{'met' if ratio >= goal else 'MISSED'}")
     return out
+
+
+GOAL = {"vs_cache_aware": 1.1, "vs_round_robin": 1.3, "p99_vs_cache_aware": 1.2}
+"""Issue 18's goal for sgl_moe's default policy in every scenario."""
+
+def verdict(rows: list[dict], arrival: str) -> dict:
+    """Ratios of ``longest_block_match`` to ``cache_aware`` and ``round_robin`` and whether each goal holds.
+
+    In an open loop the client fixes the rate: every router serves the offered requests and req/s is that
+    rate less the drain tail, so it separates nothing; there the throughput goals are not judged and a
+    router that cannot keep up shows in its p99 (judged) instead."""
+    by = {r["policy"]: r for r in rows}
+    ours, ca, rr = by.get("longest_block_match"), by.get("cache_aware"), by.get("round_robin")
+    out: dict = {}
+    if ours is None:
+        return out
+    judge_rps = arrival != "open"
+    checks = {}
+    if ca is not None and ca["throughput_rps"] > 0:
+        out["rps_vs_cache_aware"] = ours["throughput_rps"] / ca["throughput_rps"]
+        out["cached_ours_minus_cache_aware"] = ours["cached_fraction"] - ca["cached_fraction"]
+        out["p99_vs_cache_aware"] = ours["latency_p99_ms"] / ca["latency_p99_ms"] if ca["latency_p99_ms"] else None
+        if judge_rps:
+            checks["rps_vs_cache_aware"] = out["rps_vs_cache_aware"] >= GOAL["vs_cache_aware"]
+        checks["cached_vs_cache_aware"] = out["cached_ours_minus_cache_aware"] >= -1e-9
+        if out["p99_vs_cache_aware"] is not None:
+            checks["p99_vs_cache_aware"] = out["p99_vs_cache_aware"] <= GOAL["p99_vs_cache_aware"]
+    if rr is not None and rr["throughput_rps"] > 0:
+        out["rps_vs_round_robin"] = ours["throughput_rps"] / rr["throughput_rps"]
+        if judge_rps:
+            checks["rps_vs_round_robin"] = out["rps_vs_round_robin"] >= GOAL["vs_round_robin"]
+    checks["no_failures"] = not ours["failures"]
+    out["checks"] = checks
+    out["throughput_goal"] = "judged" if judge_rps else "not judged: open loop (the client fixes the rate)"
+    out["met"] = all(checks.values())
+    return out
+
+
+def _fmt(v, spec: str) -> str:
+    return "–" if v is None else format(v, spec)
+
+
+def matrix_table(scenarios: list[dict]) -> str:
+    """One Markdown table: a line per scenario and router, with the goal's ratios on sgl_moe's line."""
+    lines = ["| scenario | router | req/s | cached | p50 ms | p99 ms | vs cache_aware | vs round robin | goal |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for sc in scenarios:
+        v = sc.get("verdict", {})
+        for r in sc["results"]:
+            ours = r["policy"] == "longest_block_match"
+            goal = ""
+            if ours and v:
+                goal = "met" if v.get("met") else "missed: " + ", ".join(k for k, ok in v["checks"].items() if not ok)
+            lines.append(
+                f"| {sc['name'] if ours else ''} | {r['router']} | {r['throughput_rps']:.2f} | "
+                f"{r['cached_fraction']:.3f} | {r['latency_p50_ms']:.0f} | {r['latency_p99_ms']:.0f} | "
+                + (f"{_fmt(v.get('rps_vs_cache_aware'), '.2f')}x req/s, p99 {_fmt(v.get('p99_vs_cache_aware'), '.2f')}x"
+                   if ours and v else "")
+                + " | " + (f"{_fmt(v.get('rps_vs_round_robin'), '.2f')}x" if ours and v else "")
+                + f" | {goal} |")
+    return "\n".join(lines)

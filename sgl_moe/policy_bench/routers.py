@@ -72,6 +72,23 @@ class RouterUnderTest:
                 time.sleep(0.5)
         raise RuntimeError(f"sglang-router not ready after {timeout:.0f} s; log: {self.log_path}")
 
+    def cpu_seconds(self) -> float | None:
+        """CPU time the router's processes have used so far (user + system), or None if unknown."""
+        proc = self._ours.proc if self._ours is not None else self._proc
+        if proc is None or proc.poll() is not None:
+            return None
+        try:
+            import psutil
+
+            root = psutil.Process(proc.pid)
+            total = 0.0
+            for p in [root, *root.children(recursive=True)]:
+                t = p.cpu_times()
+                total += t.user + t.system
+            return total
+        except Exception:  # noqa: BLE001 - a diagnostic only
+            return None
+
     def stop(self) -> None:
         if self._ours is not None:
             self._ours.stop()

@@ -1,0 +1,190 @@
+"""Stand-in HTTP workers for ``--smoke``: exercise the matrix machinery in seconds, without SGLang.
+
+Each stand-in answers what the routers under test ask of a worker (``/health``, ``/sgl_moe/info`` with the
+shipped model's tokenizer and FLOPs, ``/generate``, ``/flush_cache``) and keeps a page-granular LRU prefix
+cache of bounded size, so ``cached_tokens`` in its answers depends on placement. Its latency is a linear
+function of the tokens it computes, one batch at a time. It publishes no KV events (the router sees only
+its own pending blocks). Figures measured against stand-ins say nothing about real performance: the smoke
+run checks that every scenario runs every router and reports, nothing more.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import threading
+import uuid
+from collections import OrderedDict
+from dataclasses import dataclass, field
+
+from aiohttp import web
+
+from sgl_moe import DEFAULT_MODEL_DIR
+from sgl_moe.flops import FlopsModel
+from sgl_moe.router.block_hash import block_hashes
+from sgl_moe.router.router_tokenizer import RouterTokenizer
+
+PAGE = 16
+
+
+@dataclass
+class StandInWorker:
+    pool_tokens: int = 4096
+    """Prefix cache capacity in tokens (LRU over pages)."""
+    per_token_s: float = 2e-5
+    """Seconds per computed prompt token."""
+    step_s: float = 2e-3
+    """Fixed seconds per batch."""
+    port: int = 0
+    instance_id: str = field(default_factory=lambda: uuid.uuid4().hex)
+
+    def __post_init__(self) -> None:
+        self._cache: OrderedDict[int, None] = OrderedDict()
+        self._waiting: list[tuple[int, asyncio.Future]] = []
+        self._wake: asyncio.Event | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    # -- cache -----------------------------------------------------------------------------------------
+    def _match(self, hashes: list[int]) -> int:
+        hit = 0
+        for h in hashes:
+            if h not in self._cache:
+                break
+            self._cache.move_to_end(h)
+            hit += 1
+        return hit
+
+    def _store(self, hashes: list[int]) -> None:
+        for h in hashes:
+            self._cache[h] = None
+            self._cache.move_to_end(h)
+        while len(self._cache) * PAGE > self.pool_tokens:
+            self._cache.popitem(last=False)
+
+    # -- compute: one batch at a time, every waiting request in it -----------------------------------------
+    async def _compute_loop(self) -> None:
+        assert self._wake is not None
+        while True:
+            await self._wake.wait()
+            self._wake.clear()
+            batch, self._waiting = self._waiting, []
+            if not batch:
+                continue
+            await asyncio.sleep(self.step_s + self.per_token_s * sum(n for n, _ in batch))
+            for _, fut in batch:
+                if not fut.done():
+                    fut.set_result(None)
+
+    async def _compute(self, tokens: int) -> None:
+        assert self._wake is not None
+        fut = asyncio.get_running_loop().create_future()
+        self._waiting.append((tokens, fut))
+        self._wake.set()
+        await fut
+
+    # -- HTTP ----------------------------------------------------------------------------------------------
+    def app(self, tok: RouterTokenizer, info: dict) -> web.Application:
+        app = web.Application()
+
+        async def generate(request: web.Request) -> web.Response:
+            body = await request.json()
+            ids = body["input_ids"] if "input_ids" in body else tok.encode(body["text"])  # sgl_moe sends ids
+            hashes = block_hashes(ids, PAGE, None)
+            cached = min(self._match(hashes) * PAGE, (len(ids) - 1) // PAGE * PAGE)
+            await self._compute(len(ids) - cached)
+            self._store(hashes)
+            return web.json_response({"text": "", "meta_info": {"prompt_tokens": len(ids), "cached_tokens": cached,
+                                                               "completion_tokens": 1}})
+
+        async def flush(request: web.Request) -> web.Response:
+            self._cache.clear()
+            return web.Response(text="ok")
+
+        async def health(request: web.Request) -> web.Response:
+            return web.Response(text="ok")
+
+        async def get_info(request: web.Request) -> web.Response:
+            return web.json_response({**info, "instance_id": self.instance_id})
+
+        async def model_info(request: web.Request) -> web.Response:
+            return web.json_response({"model_path": "stand-in", "is_generation": True})
+
+        async def tokenizer_file(request: web.Request) -> web.Response:
+            return web.FileResponse(DEFAULT_MODEL_DIR / request.match_info["name"])
+
+        app.router.add_post("/generate", generate)
+        app.router.add_post("/flush_cache", flush)
+        app.router.add_get("/flush_cache", flush)
+        for path in ("/health", "/health_generate"):
+            app.router.add_get(path, health)
+        app.router.add_get("/sgl_moe/info", get_info)
+        app.router.add_get("/get_model_info", model_info)
+        app.router.add_get("/get_server_info", get_info)
+        app.router.add_get("/sgl_moe/{name:tokenizer(_config)?\\.json}", tokenizer_file)
+        return app
+
+
+class StandInFleet:
+    """``n`` stand-in workers served from one background event loop (the routers are subprocesses)."""
+
+    def __init__(self, n: int, pool_tokens: int, **kw) -> None:
+        self.workers = [StandInWorker(pool_tokens=pool_tokens, **kw) for _ in range(n)]
+        self._loop = asyncio.new_event_loop()
+        self._runners: list[web.AppRunner] = []
+        self._tasks: list[asyncio.Task] = []
+        self._thread = threading.Thread(target=self._loop.run_forever, name="policy_bench-standins", daemon=True)
+
+    @property
+    def urls(self) -> list[str]:
+        return [w.url for w in self.workers]
+
+    def start(self) -> StandInFleet:
+        # sglang-router opens each connection with an HTTP/2 preface first; aiohttp logs a traceback for it.
+        logging.getLogger("aiohttp.server").setLevel(logging.CRITICAL)
+        self._thread.start()
+        asyncio.run_coroutine_threadsafe(self._start(), self._loop).result(60)
+        return self
+
+    async def _start(self) -> None:
+        tok = RouterTokenizer.from_files((DEFAULT_MODEL_DIR / "tokenizer.json").read_bytes(),
+                                         json.loads((DEFAULT_MODEL_DIR / "tokenizer_config.json").read_text()))
+        config = json.loads((DEFAULT_MODEL_DIR / "config.json").read_text())
+        flops = FlopsModel.from_hf_config(config)
+        for w in self.workers:
+            w._wake = asyncio.Event()
+            self._tasks.append(self._loop.create_task(w._compute_loop()))
+            info = {"model_name": "stand-in", "model_path": "stand-in", "page_size": PAGE, "dp_size": 1,
+                    "context_length": 4096, "kv_events": [], "flops": flops.to_dict(),
+                    "tokenizer": {"tokenizer_json_url": "/sgl_moe/tokenizer.json",
+                                  "tokenizer_config_url": "/sgl_moe/tokenizer_config.json"},
+                    "saturation": {"flops": flops.request_flops(0, 4096), "source": "stand-in: one 4096-token step",
+                                   "state": "fixed", "step_tokens": 4096}}
+            runner = web.AppRunner(w.app(tok, info), access_log=None)
+            await runner.setup()
+            site = web.TCPSite(runner, "127.0.0.1", 0)
+            await site.start()
+            w.port = runner.addresses[0][1]
+            self._runners.append(runner)
+
+    def stop(self) -> None:
+        async def _stop() -> None:
+            for task in self._tasks:
+                task.cancel()
+            for r in self._runners:
+                await r.cleanup()
+
+        try:
+            asyncio.run_coroutine_threadsafe(_stop(), self._loop).result(30)
+        finally:
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join(10)
+
+    def __enter__(self) -> StandInFleet:
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
