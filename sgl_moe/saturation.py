@@ -1,5 +1,8 @@
 """The saturation threshold Θ (seed 000 Eq. 1 and 3, App. B.4), in FLOPs: pure arithmetic, no torch.
 
+Two measurements: Eq. 3 from a per-layer profile (weight streaming, ``calibrated``), and for every other
+worker the batch size where measured throughput stops growing (``from_throughput``).
+
 Eq. 3: Θ = α · (max_l T_l / T_0) · F_ref, where one profile forward of F_ref FLOPs at the worker's largest
 step is timed per MoE layer: T_0 is the first MoE layer's pure compute (its experts are resident), T_l the
 envelope max(compute, transfer) of layer l. The ratio is how much compute must be stacked on the reference
@@ -61,4 +64,38 @@ def calibrated(layers: list[dict[str, float]], f_ref: float, tokens: int, margin
         {"profile_tokens": tokens, "f_ref": f_ref, "margin": margin, "ratio": ratio, "t0_s": t0,
          "t_max_s": t_max, "slowest_layer": int(slowest["layer"]),
          "mean_wait_s": sum(layer["wait_s"] for layer in layers) / len(layers)},
+    )
+
+
+GROWTH_MIN = 0.10
+"""Throughput profile: a batch twice as large must raise FLOPs/s by at least this share to count as growth."""
+
+
+def from_throughput(points: list[tuple[int, float]], prompt_flops: float, prompt_tokens: int, margin: float,
+                    seconds: float, growth_min: float = GROWTH_MIN) -> SaturationThreshold:
+    """Θ where throughput stops growing: ``points`` are ``(prompts per batch, best seconds)`` for batches of
+    ``prompt_tokens``-token prompts costing ``prompt_flops`` each, in increasing batch size.
+
+    The saturation batch is the first whose successor raises FLOPs/s by less than ``growth_min`` (the last
+    one profiled if throughput grew all the way); Θ = margin x its FLOPs. A worker below Θ has idle compute:
+    more work in the same batch costs (almost) no time; above it, work queues."""
+    if not points:
+        raise CalibrationError("the throughput profile measured no batch")
+    if any(t <= 0 for _, t in points):
+        raise CalibrationError("a profiled batch took no time; cannot form a throughput")
+    sizes = [b for b, _ in points]
+    rates = [b * prompt_flops / t for b, t in points]
+    sat = len(points) - 1
+    for i in range(len(points) - 1):
+        if rates[i + 1] < (1.0 + growth_min) * rates[i]:
+            sat = i
+            break
+    batch = sizes[sat]
+    return SaturationThreshold(
+        margin * batch * prompt_flops,
+        f"measured throughput profile: FLOPs/s stops growing by {growth_min:.0%} per doubling at {batch} "
+        f"prompt(s) x {prompt_tokens} tokens ({rates[sat]:.3g} FLOPs/s); margin {margin} x its FLOPs",
+        "calibrated",
+        {"margin": margin, "profile_prompt_tokens": prompt_tokens, "batch_sizes": sizes,
+         "throughput_flops_per_s": rates, "saturation_batch": batch, "profile_seconds": seconds},
     )

@@ -130,6 +130,17 @@ class SaturationInfo:
     t_max_s: float | None = None
     slowest_layer: int | None = None
     mean_wait_s: float | None = None
+    # Throughput profile (workers without weight streaming: ``saturation.from_throughput``).
+    profile_prompt_tokens: int | None = None
+    """Tokens per prompt of the profile's batches."""
+    batch_sizes: list[int] | None = None
+    """Prompts per batch, in the order profiled."""
+    throughput_flops_per_s: list[float] | None = None
+    """Best FLOPs/s measured at each batch size."""
+    saturation_batch: int | None = None
+    """The batch size where throughput stopped growing (Θ = margin x its FLOPs)."""
+    profile_seconds: float | None = None
+    """Wall time the profile took at start-up."""
 
 
 @dataclass(frozen=True)

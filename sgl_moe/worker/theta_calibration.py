@@ -107,3 +107,70 @@ class Calibrator:
                 return profile
             time.sleep(0.2)
         raise TimeoutError("no forward of the requested size was profiled")
+
+
+PROFILE_PROMPT_TOKENS = 256
+"""Tokens per prompt of the throughput profile (a typical prefill-only prompt; capped by the step)."""
+PROFILE_MAX_BATCH = 32
+PROFILE_REPEATS = 2
+
+
+class ThroughputCalibrator(Calibrator):
+    """Θ for a worker without weight streaming: the batch size where throughput stops growing.
+
+    The same handshake as the streaming calibration: ``/sgl_moe/info`` reports the fallback with state
+    ``calibrating`` until the profile ends, and the router re-reads the info until the state changes. Once
+    the server answers ``/health``, it sends ``/generate`` batches of b prompts of random token ids (never a
+    cache hit), b = 1, 2, 4, ... while b prompts fit in one prefill step, each timed ``PROFILE_REPEATS``
+    times (best kept), and stops at the first doubling that raises FLOPs/s by less than
+    ``saturation.GROWTH_MIN``. Then it flushes the prefix cache of the random prompts. A few seconds; a
+    worker given ``--moe-saturation-flops`` skips it.
+    """
+
+    def __init__(self, base_url: str, shape: Callable[[], WorkerShape], margin: float, timeout_s: float) -> None:
+        super().__init__(base_url, "", shape, margin, timeout_s)
+
+    def _run(self) -> None:
+        deadline = time.monotonic() + self.timeout_s
+        try:
+            self._wait_healthy(deadline)
+            t_start = time.monotonic()
+            shape = self._shape()
+            per_prompt = max(16, min(PROFILE_PROMPT_TOKENS, shape.step_tokens, shape.context_length - 8))
+            prompt_flops = shape.flops.request_flops(0, per_prompt)
+            rng = random.Random(0)
+
+            def batch_seconds(b: int) -> float:
+                ids = [[rng.randrange(16, shape.vocab_size) for _ in range(per_prompt)] for _ in range(b)]
+                t0 = time.perf_counter()
+                self._post("/generate", {"input_ids": ids, "sampling_params": {"max_new_tokens": 1}}, deadline)
+                return time.perf_counter() - t0
+
+            batch_seconds(1)  # warm-up: first-call costs are not throughput
+            points: list[tuple[int, float]] = []
+            b = 1
+            while b <= PROFILE_MAX_BATCH and (b == 1 or b * per_prompt <= shape.step_tokens):
+                points.append((b, min(batch_seconds(b) for _ in range(PROFILE_REPEATS))))
+                if len(points) >= 2:
+                    (b0, t0), (b1, t1) = points[-2], points[-1]
+                    if b1 / t1 < (1.0 + saturation.GROWTH_MIN) * b0 / t0:
+                        break  # stopped growing: no need to go further
+                b *= 2
+            self._flush(deadline)
+            self.result = saturation.from_throughput(points, prompt_flops, per_prompt, self.margin,
+                                                     time.monotonic() - t_start)
+            log.info("Θ = %.4g FLOPs: %s", self.result.flops, self.result.source)
+        except Exception as exc:  # noqa: BLE001 - a failed profile keeps the fallback and says why
+            fallback = self.current()
+            why = f"throughput profile failed ({exc}); kept the fallback: {fallback.source}"
+            self.result = SaturationThreshold(fallback.flops, why, "failed", fallback.details)
+            log.warning("Θ throughput profile failed: %s; keeping the fallback %.4g FLOPs", exc, fallback.flops)
+
+    def _flush(self, deadline: float) -> None:
+        """Drop the profile's random prompts from the prefix cache (SGLang refuses while requests run)."""
+        while time.monotonic() < deadline:
+            try:
+                self._post("/flush_cache", {}, deadline)
+                return
+            except urllib.error.HTTPError:
+                time.sleep(0.2)

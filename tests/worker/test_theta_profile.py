@@ -1,0 +1,92 @@
+"""Θ for a worker without weight streaming (issue 18 part 3): the batch size where measured throughput stops
+growing, from a short start-up profile over HTTP (``ThroughputCalibrator``), reported in the info's saturation
+part and installed by the router. The server here is a stand-in whose batch time is a known function of the
+batch size, so the test checks the profile's logic, not a real worker's figures."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+
+from sgl_moe import saturation
+from sgl_moe.flops import FlopsModel
+from sgl_moe.router.worker import Worker
+from sgl_moe.saturation import CalibrationError
+from sgl_moe.wire import SaturationInfo, WorkerInfo
+from sgl_moe.worker.info import with_saturation
+from sgl_moe.worker.theta_calibration import ThroughputCalibrator, WorkerShape
+
+FLOPS = FlopsModel(linear_flops_per_token=1000.0, attn_flops_per_pair=10.0, lm_head_flops_per_token=100.0,
+                   num_layers=2, num_moe_layers=2)
+
+
+def test_saturation_is_the_first_batch_whose_doubling_stops_paying():
+    # FLOPs/s doubles up to 4 prompts, then grows 5% per doubling.
+    points = [(1, 1.0), (2, 1.0), (4, 1.0), (8, 2.0 / 1.05)]
+    theta = saturation.from_throughput(points, prompt_flops=10.0, prompt_tokens=256, margin=1.0, seconds=3.0)
+    assert theta.details["saturation_batch"] == 4 and theta.flops == pytest.approx(40.0)
+    assert theta.state == "calibrated" and "stops growing" in theta.source
+    grows = [(1, 1.0), (2, 1.0), (4, 1.0)]
+    assert saturation.from_throughput(grows, 10.0, 256, 1.5, 1.0).flops == pytest.approx(1.5 * 40.0)
+    with pytest.raises(CalibrationError):
+        saturation.from_throughput([], 10.0, 256, 1.0, 1.0)
+    with pytest.raises(CalibrationError):
+        saturation.from_throughput([(1, 0.0)], 10.0, 256, 1.0, 1.0)
+
+
+class _StandIn(BaseHTTPRequestHandler):
+    """A batch of b prompts takes 20 ms x max(1, b / 4): throughput grows up to 4 prompts, then is flat."""
+
+    seen: list[str] = []
+
+    def log_message(self, *args) -> None:
+        pass
+
+    def do_GET(self) -> None:
+        self.send_response(200)
+        self.end_headers()
+        self.wfile.write(b"ok")
+
+    def do_POST(self) -> None:
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        if self.path == "/generate":
+            b = len(body["input_ids"])
+            assert all(len(p) == len(body["input_ids"][0]) for p in body["input_ids"])
+            self.seen.append(f"generate {b}")
+            time.sleep(0.02 * max(1.0, b / 4))
+        else:
+            self.seen.append(self.path)
+        self.send_response(200)
+        self.end_headers()
+        self.wfile.write(b"{}")
+
+
+def test_profile_finds_the_knee_reports_it_and_the_router_installs_it():
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _StandIn)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    _StandIn.seen = []
+    try:
+        shape = WorkerShape(FLOPS, step_tokens=4096, context_length=4096, vocab_size=4096)
+        cal = ThroughputCalibrator(f"http://127.0.0.1:{server.server_address[1]}", lambda: shape, 1.0, 30.0)
+        assert cal.current().state == "calibrating"  # the fallback until the profile ends
+        cal.start()
+        cal._thread.join(30)
+        theta = cal.current()
+    finally:
+        server.shutdown()
+    assert theta.state == "calibrated", theta.source
+    assert theta.details["saturation_batch"] == 4 and theta.details["batch_sizes"] == [1, 2, 4, 8]
+    assert theta.flops == pytest.approx(4 * FLOPS.request_flops(0, 256))
+    assert _StandIn.seen[-1] == "/flush_cache"  # the profile's random prompts leave the cache
+    # The info carries the figures; a router installs the measured Θ.
+    info = WorkerInfo(model_name="m", page_size=16, flops=FLOPS,
+                      saturation=SaturationInfo(1.0, "fallback", "calibrating", step_tokens=4096))
+    info = with_saturation(info, theta)
+    assert info.saturation.saturation_batch == 4 and len(info.saturation.throughput_flops_per_s) == 4
+    assert info.saturation.step_tokens == 4096 and not info.calibrating
+    w = Worker.from_info("w", "http://w", info, pinned_theta=None)
+    assert w.theta == pytest.approx(theta.flops) and "measured throughput profile" in w.theta_source
