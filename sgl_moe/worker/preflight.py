@@ -147,6 +147,7 @@ def kv_events_defaults(argv: ArgvView, moe: MoeArgs) -> ArgvView:
     if text is not None:
         try:
             cfg = kv_events_config(text)
+            kv_event_endpoints(text, 1)  # the router subscribes to tcp:// endpoints only
         except ValueError as exc:
             raise LaunchError(str(exc)) from None
         if cfg.get("publisher") not in KV_EVENTS_PUBLISHERS:
@@ -196,7 +197,6 @@ def preflight(argv: ArgvView) -> None:
     if kv is not None:
         try:
             cfg = kv_events_config(kv)
-            kv_event_endpoints(kv, 1)  # the router subscribes to tcp:// endpoints only
         except ValueError as exc:
             raise LaunchError(str(exc)) from None
         endpoint = str(cfg.get("endpoint", ""))
