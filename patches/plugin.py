@@ -18,6 +18,9 @@ _registered = False
 
 def register() -> None:
     global _registered
+    from sgl_moe.patches import debug_fault
+
+    debug_fault.register()  # test-only; nothing unless its environment variable is set
     cfg = runtime_env.current()
     if cfg is None or _registered:
         return

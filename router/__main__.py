@@ -25,8 +25,11 @@ def main(argv: list[str] | None = None) -> int:
              len(cfg.worker_urls))
     tune_gc()
     try:
+        # keepalive_timeout also closes a connection that has not sent a complete request head in time (aiohttp's
+        # keep-alive timer runs from the connection's start until a head is parsed): --header-timeout-s.
+        # handler_cancellation: a client that disconnects cancels its handler, which aborts its request.
         web.run_app(build_app(cfg), host=cfg.host, port=cfg.port, print=None, access_log=None,
-                    handle_signals=True)
+                    handle_signals=True, keepalive_timeout=cfg.header_timeout_s, handler_cancellation=True)
     except OSError as exc:
         print(f"sgl_moe.router: error: cannot listen on {cfg.host}:{cfg.port}: {exc.strerror or exc}",
               file=sys.stderr)

@@ -10,6 +10,7 @@ saturates. A unit that fails at run time fails only its own task: the other resu
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 import uuid
@@ -21,6 +22,7 @@ from aiohttp import web
 
 from sgl_moe.router.chat_prompt import chat_prompt
 from sgl_moe.router.errors import RequestError, error_body, error_response, request_error_response
+from sgl_moe.router.intake import PARSE_INLINE_BYTES, read_body
 from sgl_moe.router.parsed_request import ParsedRequest
 from sgl_moe.router.prefill_tasks import ScorePlan, Task, TaskError, combine, parse_tasks, plan_score, read_score
 from sgl_moe.router.request_fields import check_model
@@ -87,7 +89,7 @@ def plan_units(router: Router, tasks: list[Task], model: str | None, batch: bool
             if model is not None:
                 plan.body["model"] = model
             try:
-                parsed = parse_request(SCORE, orjson.dumps(plan.body), tokenizer=tok,
+                parsed = parse_request(SCORE, orjson.dumps(plan.body), tokenizer=tok, limits=pool.limits,
                                        served_model_name=pool.model_name, context_length=pool.context_length)
             except RequestError as exc:
                 raise RequestError(exc.status, f"{where + ': ' if where else ''}{exc.message}",
@@ -113,22 +115,28 @@ async def _classify(router: Router, request: web.Request) -> web.Response:
         return error_response(501, "/v1/classify needs token ids that match the worker's tokenizer exactly, and the "
                               "router cannot reproduce this model's tokenizer class; use /v1/score directly",
                               kind="not_supported")
+    raw = await read_body(request, router.cfg)
+    if isinstance(raw, web.Response):
+        return raw
     try:
-        body = orjson.loads(await request.read())
+        body = orjson.loads(raw)
     except orjson.JSONDecodeError as exc:
         return error_response(400, f"the request body is not valid JSON: {exc}")
     try:
         tasks, model, batch = parse_tasks(body)
         check_model({"model": model}, pool.model_name)
-        planned = plan_units(router, tasks, model, batch)
+        pool.limits.check_count(len(tasks), "inputs")
+        plan = functools.partial(plan_units, router, tasks, model, batch)
+        planned = plan() if len(raw) <= PARSE_INLINE_BYTES else await asyncio.to_thread(plan)
+        pool.limits.check_count(sum(len(units) for units in planned), "inputs")
     except TaskError as exc:
         return error_response(400, exc.message, param=exc.param)
     except RequestError as exc:
         return request_error_response(exc)
     rid = request.headers.get("x-request-id") or uuid.uuid4().hex
     headers = {"content-type": "application/json"}
-    if "authorization" in request.headers:
-        headers["authorization"] = request.headers["authorization"]
+    if router.cfg.api_key is None and router.cfg.admin_api_key is None and "authorization" in request.headers:
+        headers["authorization"] = request.headers["authorization"]  # the workers check it, if anyone
     gate = asyncio.Semaphore(UNITS_IN_FLIGHT)
 
     async def run_unit(unit: PlannedUnit, urid: str) -> tuple[int, dict]:

@@ -3,12 +3,28 @@
 from __future__ import annotations
 
 import argparse
+import ipaddress
+import os
 from dataclasses import dataclass, field
 from typing import Literal
 
 from sgl_moe.cli_args import add_dataclass_args, from_namespace
 
 Policy = Literal["longest_block_match", "round_robin", "least_flops"]
+KEY_ENV = {"api_key": "SGL_MOE_API_KEY", "admin_api_key": "SGL_MOE_ADMIN_API_KEY"}
+"""Environment variables the keys are read from when their flags are not given (flags show in ``ps``)."""
+SECRET_FIELDS = frozenset(KEY_ENV)
+"""Fields never printed or served (``describe_config`` redacts them)."""
+
+
+def is_loopback(host: str) -> bool:
+    """``host`` (as given to ``--host``) only accepts connections from this machine."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 @dataclass(frozen=True)
@@ -17,6 +33,31 @@ class RouterConfig:
     """Address the router listens on."""
     port: int = 30080
     """Port the router listens on."""
+    api_key: str | None = None
+    """Key clients must send (``Authorization: Bearer KEY``) on every inference route; the router sends it on
+    to the workers (start them with SGLang's ``--api-key`` set to the same key). Default: $SGL_MOE_API_KEY."""
+    admin_api_key: str | None = None
+    """Key for the routes that change state (POST/DELETE /workers) and list workers (GET /workers); it also
+    opens the inference routes. Default: $SGL_MOE_ADMIN_API_KEY."""
+    allow_unauthenticated_admin: bool = False
+    """Start on a non-loopback --host without --admin-api-key (anyone who reaches the port may then add or
+    remove workers). Without this flag the router refuses to start that way."""
+    max_body_bytes: int = 16 * 2**20
+    """Largest request body; a larger one is answered 413 before it is read (Content-Length) or as soon as
+    the bytes read exceed it."""
+    max_prompts: int = 1024
+    """Most prompts (batch entries, score items, decision options) one request may carry."""
+    max_request_tokens: int = 262_144
+    """Most prompt tokens one request may carry, summed over its prompts (text is checked by length before it
+    is tokenized)."""
+    header_timeout_s: float = 30.0
+    """A connection that has not sent a complete request head (line and headers) this long after it opened,
+    or after its previous response, is closed."""
+    body_timeout_s: float = 60.0
+    """A request whose body has not arrived in full this long after its head is answered 408."""
+    suspect_ttl_s: float = 3600.0
+    """A request that was running on a worker when the worker died is refused (400) for this long: it may be
+    what killed the worker, and the router never offers it to a second one."""
     policy: Policy = "longest_block_match"
     """Placement policy. All share discovery, admission (Θ), the FIFO queue and the proxy; only the choice
     of worker differs: longest_block_match (prefix affinity with FLOPs-aware spill), round_robin,
@@ -71,10 +112,11 @@ class RouterConfig:
     worker_urls: tuple[str, ...] = field(default=())
 
     def validate(self) -> None:
-        for name in ("queue_size", "health_failures"):
+        for name in ("queue_size", "health_failures", "max_body_bytes", "max_prompts", "max_request_tokens"):
             if getattr(self, name) < 1:
                 raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
-        for name in ("queue_timeout_s", "pending_ttl_s", "health_interval_s", "health_timeout_s", "request_timeout_s"):
+        for name in ("queue_timeout_s", "pending_ttl_s", "health_interval_s", "health_timeout_s", "request_timeout_s",
+                     "header_timeout_s", "body_timeout_s", "suspect_ttl_s"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"--{name.replace('_', '-')} must be positive, got {getattr(self, name)}")
         if self.prefix_wait_s < 0 or self.prefix_wait_min_tokens < 0:
@@ -88,6 +130,15 @@ class RouterConfig:
         for url in self.worker_urls:
             if not url.startswith(("http://", "https://")):
                 raise ValueError(f"worker URL must start with http:// or https://, got {url!r}")
+        for name in ("api_key", "admin_api_key"):
+            key = getattr(self, name)
+            if key is not None and (not key or key != key.strip() or not key.isprintable()):
+                raise ValueError(f"--{name.replace('_', '-')} must be a non-empty printable string without "
+                                 "surrounding spaces")
+        if not is_loopback(self.host) and not self.admin_api_key and not self.allow_unauthenticated_admin:
+            raise ValueError(f"--host {self.host} is not a loopback address: anyone who reaches it could add or "
+                             "remove workers. Set --admin-api-key (or $SGL_MOE_ADMIN_API_KEY), or pass "
+                             "--allow-unauthenticated-admin to accept that")
         self.drop_seqs()
         from sgl_moe.router.plain_worker import check_flags  # here, so that this module stays a leaf
 
@@ -113,6 +164,8 @@ class RouterConfig:
     @classmethod
     def from_argv(cls, argv: list[str] | None) -> RouterConfig:
         ns = cls.parser().parse_args(argv)
-        cfg = from_namespace(cls, ns, "", worker_urls=tuple(u.rstrip("/") for u in ns.worker_urls))
+        keys = {name: getattr(ns, name) if getattr(ns, name) is not None else os.environ.get(env) or None
+                for name, env in KEY_ENV.items()}
+        cfg = from_namespace(cls, ns, "", worker_urls=tuple(u.rstrip("/") for u in ns.worker_urls), **keys)
         cfg.validate()
         return cfg

@@ -94,7 +94,7 @@ def decode(url: str, data: Any) -> WorkerInfo:
     try:
         return decode_info(data)
     except WireError as exc:
-        raise WorkerError(400, f"{url}: {exc} (incompatible sgl_moe version?)") from None
+        raise WorkerError(400, f"{url}: {exc} (incompatible sgl_moe version?)", sglang=True) from None
 
 
 def check_compatible(url: str, info: WorkerInfo, reference: WorkerInfo | None) -> None:

@@ -18,7 +18,7 @@ from aiohttp import web
 log = logging.getLogger("sgl_moe.router")
 
 ErrorKind = Literal["invalid_request_error", "not_found_error", "rate_limit_exceeded", "unavailable",
-                    "worker_failure", "not_supported", "request_failed", "internal_error"]
+                    "worker_failure", "not_supported", "request_failed", "internal_error", "authentication_error"]
 """The ``type`` field of an error body."""
 
 
@@ -39,9 +39,14 @@ class RequestError(Exception):
 class WorkerFailure(Exception):
     """The worker did not produce a usable answer (transport error or 5xx)."""
 
-    def __init__(self, message: str, transport: bool) -> None:
+    def __init__(self, message: str, transport: bool, *, connect: bool = False, timeout: bool = False) -> None:
         super().__init__(message)
-        self.transport = transport  # unreachable, not merely failing: the worker is marked unhealthy
+        self.transport = transport
+        """Unreachable or the connection broke, not merely failing: the worker is marked unhealthy."""
+        self.connect = connect
+        """The connection could not be made: nothing of the request reached the worker."""
+        self.timeout = timeout
+        """The worker did not answer within ``--request-timeout-s``."""
 
 
 def error_body(status: int, message: str, *, kind: ErrorKind = "invalid_request_error",

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Callable
 from urllib.parse import urlsplit
 
@@ -62,6 +63,7 @@ class KvEventSink:
         slot = worker.slots.get(source.dp_rank if batch.dp_rank is None else batch.dp_rank)
         if slot is None:
             return
+        worker.last_progress = time.monotonic()
         stored = False
         for event in batch.events:
             if isinstance(event, BlockStored):

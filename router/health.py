@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from typing import TYPE_CHECKING
 
 import aiohttp
@@ -28,6 +29,8 @@ class HealthMonitor:
     def __init__(self, pool: WorkerPool, discovery: Discovery) -> None:
         self.pool = pool
         self.discovery = discovery
+        self.busy_probes = 0
+        """Probes that failed while the worker was making progress (not counted against it)."""
 
     async def run(self) -> None:
         pool = self.pool
@@ -37,11 +40,18 @@ class HealthMonitor:
             pool.ledger.expire()
 
     async def check(self, worker: Worker) -> None:
+        """One probe. Refused: out of rotation at once (the process is gone). Timed out or failing: counts toward
+        ``--health-failures`` only when the worker showed no progress (an answer, KV events) since the probe
+        began — SGLang's ``/health`` waits for the scheduler, so a busy worker answers it late."""
         pool = self.pool
+        started = time.monotonic()
+        refused = False
         try:
             async with await self.discovery.get(f"{worker.url}/health", timeout=pool.cfg.health_timeout_s) as r:
                 ok = r.status == 200
                 reason = f"GET /health answered {r.status}"
+        except aiohttp.ClientConnectorError as exc:
+            ok, refused, reason = False, True, f"GET /health: connection failed ({type(exc).__name__})"
         except (TimeoutError, aiohttp.ClientError) as exc:
             ok, reason = False, f"GET /health failed: {type(exc).__name__}"
         if worker.id not in pool.workers:
@@ -52,6 +62,15 @@ class HealthMonitor:
                 await self.readmit(worker)
             elif worker.info.calibrating:
                 await self.refresh_theta(worker)
+            return
+        if refused:
+            worker.last_error = reason
+            pool.mark_unhealthy(worker, reason)
+            return
+        if worker.state == HEALTHY and worker.last_progress >= started - pool.cfg.health_interval_s:
+            worker.health_failures = 0
+            self.busy_probes += 1
+            log.debug("worker %s: %s, but it is making progress (busy, not dead)", worker.id, reason)
             return
         worker.health_failures += 1
         worker.last_error = reason

@@ -121,6 +121,12 @@ class _StateCollector:
             ("tokenizer_mismatches", "Workers whose own token ids differed from the router's on the probe set "
              "when they joined (the router then routes without prefix affinity)", pool.tokenizer_mismatches),
             ("pending_retired_ttl", "Pending promises retired by the TTL safety net", router.ledger.stats.retired_ttl),
+            ("suspect_refusals", "Requests refused because the same request was running on a worker when it died",
+             router.suspects.refused),
+            ("client_aborts", "Requests whose client went away before the answer (aborted on their worker)",
+             router.aborts),
+            ("busy_health_probes", "Health probes that failed while the worker was making progress (not counted "
+             "against it)", pool.health.busy_probes),
         ):
             m = counter(name, doc)
             m.add_metric([], value)

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 import aiohttp
 
 from sgl_moe import saturation
-from sgl_moe.flops import FlopsModel
+from sgl_moe.flops import FlopsModel, embedding_shape
 from sgl_moe.router.router_tokenizer import VOCABULARY_FILES, RouterTokenizer
 from sgl_moe.router.worker import WorkerError
 from sgl_moe.wire import INFO_PATH, KvEventEndpoint, SaturationInfo, TokenizerFiles, WorkerInfo, kv_event_endpoints
@@ -138,7 +138,7 @@ def build_info(url: str, cfg: RouterConfig, server: dict[str, Any], server_path:
 
     def refuse(what: str, flag: str) -> WorkerError:
         return WorkerError(400, f"{url} is a plain SGLang worker (GET {INFO_PATH} answered 404) and {what}: "
-                                f"pass {flag} to the router")
+                                f"pass {flag} to the router", sglang=True)
 
     remote_model_path = str(pick("model_path", (model.get("model_path"), mdl("model_path")),
                                  (server.get("model_path"), srv("model_path"))) or "")
@@ -158,7 +158,7 @@ def build_info(url: str, cfg: RouterConfig, server: dict[str, Any], server_path:
     served, local = model.get("architectures"), hf_config.get("architectures")
     if served and local and list(served) != list(local):
         raise WorkerError(400, f"{url} serves {served} but {config_file} describes {local}; "
-                               "point --model-dir at the model the worker serves")
+                               "point --model-dir at the model the worker serves", sglang=True)
     flops = FlopsModel.from_hf_config(hf_config)
 
     remote_tokenizer = str(model.get("tokenizer_path") or server.get("tokenizer_path") or "")
@@ -201,7 +201,8 @@ def build_info(url: str, cfg: RouterConfig, server: dict[str, Any], server_path:
     return WorkerInfo(
         model_name=model_name, model_path=remote_model_path, page_size=int(page_size), flops=flops,
         saturation=_theta(url, cfg, server, flops, learned, srv), instance_id=_instance_id(server, learned, srv),
-        context_length=int(context_length), dp_size=dp_size, prefix_caching=prefix_caching, kv_events=kv_events,
+        context_length=int(context_length), vocab_size=embedding_shape(hf_config)[0],
+        hidden_size=embedding_shape(hf_config)[1], dp_size=dp_size, prefix_caching=prefix_caching, kv_events=kv_events,
         tokenizer=TokenizerFiles(path=str(tokenizer_dir)),
         device=str(pick("device", (server.get("device"), srv("device"))) or ""),
         sglang_version=str(pick("sglang_version", (server.get("version"), srv("version"))) or ""),
@@ -219,7 +220,7 @@ def _theta(url: str, cfg: RouterConfig, server: dict[str, Any], flops: FlopsMode
         if cfg.saturation_flops is None:
             raise WorkerError(400, f"{url} is a plain SGLang worker whose server info reports neither "
                                    "chunked_prefill_size nor max_prefill_tokens, so the router cannot derive its "
-                                   "saturation threshold: pass --saturation-flops F to the router")
+                                   "saturation threshold: pass --saturation-flops F to the router", sglang=True)
         learned["saturation"] = "router flag --saturation-flops"
         return SaturationInfo(cfg.saturation_flops, "router flag --saturation-flops", "manual")
     theta = saturation.without_transfer(flops.request_flops(0, step), step, 1.0)

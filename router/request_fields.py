@@ -61,13 +61,27 @@ def encode_all(tok: RouterTokenizer, texts: list[str], param: str) -> list[list[
     return prompts
 
 
-def embed_placeholders(embeds: Any) -> tuple[bool, list[list[int]]]:
-    """``(single, prompts)`` of zeros as long as ``input_embeds`` (one row per position)."""
+def embed_placeholders(embeds: Any, hidden_size: int = 0) -> tuple[bool, list[list[int]]]:
+    """``(single, prompts)`` of zeros as long as ``input_embeds`` (one row per position).
+
+    Every row must be a list of ``hidden_size`` numbers (when known): a row of another width, or a ragged or
+    non-numeric one, fails inside the worker's forward pass.
+    """
     if not isinstance(embeds, list) or not embeds or not all(isinstance(e, list) and e for e in embeds):
         raise RequestError(400, "input_embeds must be a non-empty list of embeddings", "input_embeds")
-    if not isinstance(embeds[0][0], list):
-        return True, [[0] * len(embeds)]
-    return False, [[0] * len(e) for e in embeds]
+    single = not isinstance(embeds[0][0], list)
+    batch = [embeds] if single else embeds
+    for i, prompt in enumerate(batch):
+        if not isinstance(prompt, list) or not prompt:
+            raise RequestError(400, f"input_embeds[{i}] must be a non-empty list of embeddings", "input_embeds")
+        for row in prompt:
+            if not isinstance(row, list) or not row or not all(
+                    isinstance(x, (int, float)) and not isinstance(x, bool) for x in row):
+                raise RequestError(400, "input_embeds rows must be non-empty lists of numbers", "input_embeds")
+            if hidden_size and len(row) != hidden_size:
+                raise RequestError(400, f"input_embeds rows must have the model's hidden size {hidden_size}, "
+                                        f"got a row of {len(row)}", "input_embeds")
+    return single, [[0] * len(p) for p in batch]
 
 
 def flag(body: dict, name: str) -> bool:

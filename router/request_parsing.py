@@ -46,6 +46,7 @@ from sgl_moe.router.request_fields import (
     text_prompts,
     token_ids,
 )
+from sgl_moe.router.request_limits import RequestLimits, check_id_fields
 from sgl_moe.router.router_tokenizer import RouterTokenizer
 
 NO_CHAT_TEMPLATE = ("this model's tokenizer has no chat template (tokenizer.chat_template is not set), so "
@@ -55,7 +56,7 @@ NO_CHAT_TEMPLATE = ("this model's tokenizer has no chat template (tokenizer.chat
 
 
 def parse_request(endpoint: str, raw: bytes, *, tokenizer: RouterTokenizer, served_model_name: str,
-                  context_length: int) -> ParsedRequest:
+                  context_length: int, limits: RequestLimits | None = None) -> ParsedRequest:
     """Validate ``raw`` for ``endpoint`` and compute what the worker will prefill; raises RequestError."""
     if endpoint not in ACCEPTED_FIELDS:
         raise RequestError(404, f"the router does not serve {endpoint}")
@@ -70,8 +71,10 @@ def parse_request(endpoint: str, raw: bytes, *, tokenizer: RouterTokenizer, serv
         names = ", ".join(repr(n) for n in unknown)
         raise RequestError(400, f"unknown field{'s' if len(unknown) > 1 else ''} {names} for {endpoint}",
                            param=unknown[0])
+    limits = limits or RequestLimits()
+    check_id_fields(body, limits)
     parse = _PARSERS[endpoint]
-    return parse(_Context(endpoint, body, tokenizer, served_model_name, context_length))
+    return parse(_Context(endpoint, body, tokenizer, served_model_name, context_length, limits))
 
 
 @dataclass(frozen=True)
@@ -81,9 +84,11 @@ class _Context:
     tokenizer: RouterTokenizer
     served_model_name: str
     context_length: int
+    limits: RequestLimits
 
     def result(self, body: dict, prompts: list[list[int]], *, namespace: Namespace, max_new_tokens: int,
                stream: bool, model: str | None, affinity: bool) -> ParsedRequest:
+        self.limits.check_prompts(prompts, PROMPT_PARAM[self.endpoint])
         return ParsedRequest(
             endpoint=self.endpoint, body=body, prompts=prompts, shared_prefix_len=common_prefix_len(prompts),
             namespace=namespace, prefill_only=max_new_tokens <= 1, stream=stream, max_new_tokens=max_new_tokens,
@@ -102,13 +107,15 @@ def _parse_generate(ctx: _Context) -> ParsedRequest:
         single, prompts = id_prompts(input_ids, "input_ids")
     elif text is not None:
         single, texts = text_prompts(text, "text")
+        ctx.limits.check_count(len(texts), "text")
+        ctx.limits.check_text(sum(map(len, texts)), "text")
         prompts = encode_all(tok, texts, "text")
         if tok.exact and not has_media:
             forward = {k: v for k, v in body.items() if k != "text"}
             forward["input_ids"] = prompts[0] if single else prompts
         affinity = tok.exact
     else:  # input_embeds: the radix cache is off for these; only the lengths are known
-        single, prompts = embed_placeholders(embeds)
+        single, prompts = embed_placeholders(embeds, ctx.limits.hidden_size)
         affinity = False
     if has_media:
         affinity = False  # the multimodal processor expands placeholders into pad tokens
@@ -132,6 +139,8 @@ def _parse_completions(ctx: _Context) -> ParsedRequest:
     forward, affinity = body, True
     if isinstance(prompt, str) or (isinstance(prompt, list) and prompt and isinstance(prompt[0], str)):
         single, texts = text_prompts(prompt, "prompt")
+        ctx.limits.check_count(len(texts), "prompt")
+        ctx.limits.check_text(sum(map(len, texts)), "prompt")
         prompts = encode_all(tok, texts, "prompt")
         if tok.exact and not body.get("echo"):  # echo returns the prompt as the client wrote it
             forward = {**body, "prompt": prompts[0] if single else prompts}
@@ -178,6 +187,7 @@ def _parse_chat(ctx: _Context) -> ParsedRequest:
     elif not tok.has_chat_template:
         raise RequestError(400, NO_CHAT_TEMPLATE, "messages")
     else:
+        ctx.limits.check_text(len(orjson.dumps(messages)), "messages")
         prompt, affinity = chat_prompt(tok, messages, body, kwargs)
         if not prompt:
             raise RequestError(400, "the chat prompt is empty", "messages")
@@ -214,6 +224,9 @@ def _parse_score(ctx: _Context) -> ParsedRequest:
         query = "" if text_items else []
     if isinstance(query, str) != text_items:
         raise RequestError(400, "query and items must both be text or both be token ids", "query")
+    ctx.limits.check_count(len(items), "items")
+    if text_items:
+        ctx.limits.check_text(len(query) * len(items) + sum(map(len, items)), "items")
     item_first = bool(body.get("item_first"))
     has_embeds = any(body.get(k) is not None for k in ("query_embed_overrides", "item_embed_overrides"))
     forward, affinity = body, not has_embeds
@@ -258,12 +271,17 @@ def _parse_decisions(ctx: _Context) -> ParsedRequest:
     kwargs = body.get("chat_template_kwargs") or {}
     if not isinstance(kwargs, dict):
         raise RequestError(400, "chat_template_kwargs must be an object", "chat_template_kwargs")
+    ctx.limits.check_count(len(questions), "questions")
+    ctx.limits.check_text(len(orjson.dumps(body["input"])) * len(questions) + len(orjson.dumps(questions)), "input")
     prompts, exact = decision_prompts(tok, body["input"], questions, kwargs)
     affinity = exact and not body.get("images")
     check_context(prompts, [0] * len(prompts), ctx.context_length)
     return ctx.result(body, prompts, namespace=Namespace(), max_new_tokens=0, stream=False, model=model,
                       affinity=affinity)
 
+
+PROMPT_PARAM = {GENERATE: "input_ids", COMPLETIONS: "prompt", CHAT: "messages", SCORE: "items", DECISIONS: "questions"}
+"""The field a limit on an endpoint's prompts names."""
 
 _PARSERS = {
     GENERATE: _parse_generate,

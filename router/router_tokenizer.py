@@ -26,6 +26,7 @@ import os
 import sys
 import tempfile
 from collections.abc import Mapping
+from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -248,6 +249,15 @@ class RouterTokenizer:
         if self._stock:
             return self.backend.encode(text, add_special_tokens=False).ids
         return self.hf.encode(text, add_special_tokens=False)
+
+    @cached_property
+    def max_token_chars(self) -> int:
+        """Characters of the vocabulary's longest token (byte-level tokens spell one character per byte, so this
+        bounds the characters one token can cover); 0 when the vocabulary cannot be listed."""
+        try:
+            return max((len(t) for t in self.hf.get_vocab()), default=0)
+        except Exception:  # a tokenizer class without get_vocab: no bound
+            return 0
 
     @property
     def chat_template(self) -> str | None:

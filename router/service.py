@@ -7,6 +7,7 @@ adds only ``x-sgl-moe-*`` headers saying where the request went and what it pred
 from __future__ import annotations
 
 import asyncio
+import functools
 import gc
 import logging
 import time
@@ -18,24 +19,33 @@ import aiohttp
 import orjson
 from aiohttp import web
 
+from sgl_moe.router.auth import auth_middleware
 from sgl_moe.router.block_hash import block_hashes, salt_seed
 from sgl_moe.router.block_index import BlockIndex
 from sgl_moe.router.classify_route import classify
-from sgl_moe.router.config import RouterConfig
+from sgl_moe.router.config import SECRET_FIELDS, RouterConfig
 from sgl_moe.router.errors import RequestError, WorkerFailure, error_response, json_errors, request_error_response
+from sgl_moe.router.intake import PARSE_INLINE_BYTES, Attempt, read_body, single_prompt, worker_auth_headers
 from sgl_moe.router.job import Job, Placement
 from sgl_moe.router.metrics import RouterMetrics
 from sgl_moe.router.parsed_request import ParsedRequest
 from sgl_moe.router.pending import PendingLedger
 from sgl_moe.router.request_parsing import parse_request
 from sgl_moe.router.scheduler import NoWorkers, QueueFull, QueueTimeout, Scheduler
-from sgl_moe.router.worker import WorkerError
+from sgl_moe.router.suspects import Suspect, SuspectList
+from sgl_moe.router.upstream import abort_on_worker, failure, upstream
+from sgl_moe.router.worker import NotAWorker, Worker, WorkerError
 from sgl_moe.router.worker_pool import WorkerPool
 
 log = logging.getLogger("sgl_moe.router")
 
 PROXIED = ("/generate", "/v1/score", "/v1/decisions", "/v1/completions", "/v1/chat/completions")
-FORWARDED_HEADERS = ("authorization", "x-data-parallel-rank")
+FORWARDED_HEADERS = ("x-data-parallel-rank",)
+"""Client headers passed on to the worker (``authorization`` too, when the router itself has no keys)."""
+RID_ENDPOINTS = ("/generate", "/v1/completions", "/v1/chat/completions")
+"""Routes whose body takes SGLang's ``rid``: the router sets it (when the client did not) so that it can abort
+the request on the worker when the client goes away."""
+
 RESPONSE_HEADERS = ("content-type",)
 
 
@@ -50,6 +60,9 @@ class Router:
         self.pool: WorkerPool | None = None
         self.scheduler: Scheduler | None = None
         self.metrics = RouterMetrics(self)
+        self.suspects = SuspectList(cfg.suspect_ttl_s)
+        self.aborts = 0
+        """Requests aborted on their worker because the client went away."""
         self._tasks: list[asyncio.Task] = []
 
     # -- lifecycle ---------------------------------------------------------------------------
@@ -57,7 +70,7 @@ class Router:
         self.session = aiohttp.ClientSession(
             connector=aiohttp.TCPConnector(limit=0, ttl_dns_cache=300),
             timeout=aiohttp.ClientTimeout(total=self.cfg.request_timeout_s, connect=10),
-            auto_decompress=False)
+            auto_decompress=False, headers=worker_auth_headers(self.cfg))
         self.pool = WorkerPool(self.cfg, self.index, self.ledger, self.session, on_change=self._on_capacity)
         self.scheduler = Scheduler(self.cfg, self.pool, self.index, self.ledger)
         self._tasks.append(asyncio.create_task(self.pool.health_loop(), name="health"))
@@ -101,7 +114,9 @@ class Router:
         return resp
 
     async def _handle(self, request: web.Request, endpoint: str) -> web.StreamResponse:
-        raw = await request.read()
+        raw = await read_body(request, self.cfg)
+        if isinstance(raw, web.Response):
+            return raw
         rid = request.headers.get("x-request-id") or uuid.uuid4().hex
         pool = self.pool
         if pool.tokenizer is None:
@@ -110,30 +125,57 @@ class Router:
                                   headers={"Retry-After": "5"})
         t_tok = time.perf_counter()
         try:
-            parsed = parse_request(endpoint, raw, tokenizer=pool.tokenizer, served_model_name=pool.model_name,
-                                   context_length=pool.context_length)
+            parse = functools.partial(parse_request, endpoint, raw, tokenizer=pool.tokenizer,
+                                      served_model_name=pool.model_name, context_length=pool.context_length,
+                                      limits=pool.limits)
+            parsed = parse() if len(raw) <= PARSE_INLINE_BYTES else await asyncio.to_thread(parse)
         except RequestError as exc:
             return request_error_response(exc)
         self.metrics.tokenize_seconds.observe(time.perf_counter() - t_tok)
+        client_rid = parsed.body.pop("rid", None) if endpoint in RID_ENDPOINTS else None
         body = orjson.dumps(parsed.body)
+        fingerprint = SuspectList.fingerprint(endpoint, body)  # without any rid: a resent request matches
+        abort_rid = None
+        if endpoint in RID_ENDPOINTS:
+            if client_rid is None and single_prompt(endpoint, parsed.body):
+                client_rid = abort_rid = f"sgl-moe-{rid}"
+            elif isinstance(client_rid, str):
+                abort_rid = client_rid
+            if client_rid is not None:
+                parsed.body["rid"] = client_rid
+                body = orjson.dumps(parsed.body)
+        suspect = self.suspects.find(fingerprint)
+        if suspect is not None:
+            self.suspects.refused += 1
+            log.warning("refusing request %s: the same request (%s) was running on worker %s when it died %.0f s "
+                        "ago", rid, suspect.rid, suspect.worker_id, time.monotonic() - suspect.at)
+            return error_response(400, f"refused: this request was running on worker {suspect.worker_id} when "
+                                  f"that worker died (request {suspect.rid}); it may be what killed it, so the "
+                                  "router does not send it to another worker", kind="request_failed")
         headers = {"content-type": "application/json"}
+        if self.cfg.api_key is None and self.cfg.admin_api_key is None and "authorization" in request.headers:
+            headers["authorization"] = request.headers["authorization"]  # the workers check it, if anyone
         for h in FORWARDED_HEADERS:
             if h in request.headers:
                 headers[h] = request.headers[h]
+        attempt = Attempt(endpoint, body, headers, fingerprint, abort_rid)
         if parsed.stream:
-            return await self.run(rid, parsed, lambda p: self._stream(request, endpoint, body, headers, p))
-        return await self.run(rid, parsed, lambda p: self.forward(endpoint, body, headers, p, parsed))
+            return await self.run(rid, parsed, lambda p: self._stream(request, attempt, p), attempt)
+        return await self.run(rid, parsed, lambda p: self.forward(endpoint, body, headers, p, parsed, attempt),
+                              attempt)
 
-    async def run(self, rid: str, parsed: ParsedRequest,
-                  call: Callable[[Placement], Awaitable[web.StreamResponse]]) -> web.StreamResponse:
+    async def run(self, rid: str, parsed: ParsedRequest, call: Callable[[Placement], Awaitable[web.StreamResponse]],
+                  attempt: Attempt | None = None) -> web.StreamResponse:
         """Place the request, run ``call(placement)``, and retry a failed prefill-only request once elsewhere.
 
         Every router-side refusal (queue full, queue timeout, no workers, worker failure) becomes a JSON error
-        response here, so callers always get a response object.
+        response here, so callers always get a response object. The retry rule: a prefill-only request is
+        retried once on another worker when its worker answered 5xx, or could not be reached before anything
+        was sent; never after a timeout, and never when the worker died while running it (``suspects``).
         """
         job = self._job(rid, parsed)
         retryable = parsed.prefill_only and not parsed.stream
-        attempt = 0
+        tries = 0
         while True:
             try:
                 placement = await self.scheduler.acquire(job)
@@ -153,18 +195,28 @@ class Router:
                 worker = placement.worker
                 worker.counters.failures += 1
                 self.metrics.worker_failures.labels(worker.id).inc()
+                if not exc.connect and await self.pool.died(worker):
+                    self.pool.mark_unhealthy(worker, f"its process died while running requests ({exc})")
+                    key = attempt.fingerprint if attempt is not None else None
+                    if key is not None:
+                        self.suspects.add(key, Suspect(rid, worker.id, time.monotonic()))
+                    log.error("worker %s died while running request %s (%s); the request is not retried and is "
+                              "refused for %.0f s: it may be what killed the worker", worker.id, rid, exc,
+                              self.cfg.suspect_ttl_s)
+                    return error_response(502, f"worker {worker.id} died while running this request; it is not "
+                                          "sent to another worker, because it may be what killed the worker",
+                                          kind="worker_failure")
                 if exc.transport:
                     self.pool.mark_unhealthy(worker, str(exc))
-                if retryable and attempt == 0 and len(self.pool.workers) > 1:
-                    attempt += 1
+                if retryable and not exc.timeout and tries == 0 and len(self.pool.workers) > 1:
+                    tries += 1
                     self.metrics.retries.inc()
                     log.warning("request %s failed on %s (%s); retrying once on another worker", rid, worker.id, exc)
                     job.exclude = job.exclude | {worker.id}
                     job.future = None
                     continue
                 log.warning("request %s failed on %s: %s", rid, worker.id, exc)
-                return error_response(502, f"worker {worker.id} ({worker.url}) failed: {exc}",
-                                      kind="worker_failure")
+                return error_response(502, f"worker {worker.id} failed: {exc}", kind="worker_failure")
 
     def _job(self, rid: str, parsed: ParsedRequest) -> Job:
         t0 = time.perf_counter()
@@ -189,24 +241,24 @@ class Router:
                 "x-sgl-moe-queue-ms": f"{placement.queued_s * 1e3:.1f}"}
 
     async def forward(self, endpoint: str, body: bytes, headers: dict[str, str], placement: Placement,
-                      parsed: ParsedRequest) -> web.Response:
+                      parsed: ParsedRequest, attempt: Attempt | None = None) -> web.Response:
         """POST ``body`` to the placed worker; answer with its status and body byte for byte, plus our headers.
 
-        For use as ``run``'s ``call``: it releases ``placement`` whatever happens, and raises
-        WorkerFailure (which ``run`` answers or retries) when the worker gives no usable answer.
+        For use as ``run``'s ``call``: it releases ``placement`` whatever happens (the client leaving too: the
+        request is then aborted on the worker), and raises WorkerFailure (which ``run`` answers or retries)
+        when the worker gives no usable answer.
         """
         worker = placement.worker
         ok = False
         try:
-            try:
-                async with self.session.post(worker.url + endpoint, data=body, headers=headers) as resp:
+            async with upstream(self.session, worker.url + endpoint, body, headers) as resp:
+                try:
                     payload = await resp.read()
-                    status = resp.status
-                    ctype = resp.headers.get("content-type", "application/json")
-            except (aiohttp.ClientConnectorError, aiohttp.ServerDisconnectedError) as exc:
-                raise WorkerFailure(f"{type(exc).__name__}: {exc}", transport=True) from None
-            except (TimeoutError, aiohttp.ClientError) as exc:
-                raise WorkerFailure(f"{type(exc).__name__}: {exc}", transport=False) from None
+                except (TimeoutError, aiohttp.ClientError) as exc:
+                    raise failure(exc) from None
+                status = resp.status
+                ctype = resp.headers.get("content-type", "application/json")
+            worker.last_progress = time.monotonic()
             if status >= 500:
                 raise WorkerFailure(f"answered {status}: {payload[:300].decode(errors='replace')}", transport=False)
             ok = status < 400
@@ -214,21 +266,17 @@ class Router:
                 self._note_cached(placement, endpoint, payload)
             return web.Response(body=payload, status=status, headers={"content-type": ctype,
                                                                       **self._headers(placement)})
+        except asyncio.CancelledError:
+            self._abort(worker, attempt, placement.job.rid)
+            raise
         finally:
             self.scheduler.release(placement, ok=ok)
 
-    async def _stream(self, request: web.Request, endpoint: str, body: bytes, headers: dict[str, str],
-                      placement: Placement) -> web.StreamResponse:
+    async def _stream(self, request: web.Request, attempt: Attempt, placement: Placement) -> web.StreamResponse:
         worker = placement.worker
         ok = False
         try:
-            try:
-                resp = await self.session.post(worker.url + endpoint, data=body, headers=headers)
-            except (aiohttp.ClientConnectorError, aiohttp.ServerDisconnectedError) as exc:
-                raise WorkerFailure(f"{type(exc).__name__}: {exc}", transport=True) from None
-            except (TimeoutError, aiohttp.ClientError) as exc:
-                raise WorkerFailure(f"{type(exc).__name__}: {exc}", transport=False) from None
-            async with resp:
+            async with upstream(self.session, worker.url + attempt.endpoint, attempt.body, attempt.headers) as resp:
                 if resp.status >= 500:
                     text = (await resp.read())[:300].decode(errors="replace")
                     raise WorkerFailure(f"answered {resp.status}: {text}", transport=False)
@@ -241,11 +289,29 @@ class Router:
                 except (TimeoutError, aiohttp.ClientError) as exc:
                     log.warning("stream of %s from %s broke: %s", placement.job.rid, worker.id, exc)
                     return out
+                except ConnectionResetError:  # the client went away mid-stream
+                    self._abort(worker, attempt, placement.job.rid)
+                    return out
                 await out.write_eof()
                 ok = resp.status < 400
                 return out
+        except asyncio.CancelledError:
+            self._abort(worker, attempt, placement.job.rid)
+            raise
         finally:
             self.scheduler.release(placement, ok=ok)
+
+    def _abort(self, worker: Worker, attempt: Attempt | None, rid: str) -> None:
+        """The client went away: abort its request on the worker (its FLOPs are released by the caller)."""
+        self.aborts += 1
+        abort_rid = attempt.abort_rid if attempt is not None else None
+        log.info("client of request %s went away: %s", rid,
+                 f"aborting {abort_rid} on worker {worker.id}" if abort_rid else
+                 f"closed the connection to worker {worker.id}, which aborts it there")
+        if abort_rid is not None:
+            task = asyncio.get_running_loop().create_task(abort_on_worker(self.session, worker.url, abort_rid))
+            self._tasks.append(task)
+            task.add_done_callback(self._tasks.remove)
 
     def _note_cached(self, placement: Placement, endpoint: str, payload: bytes) -> None:
         """Compare the predicted prefix hit with what the worker reports (``meta_info.cached_tokens``)."""
@@ -305,6 +371,10 @@ class Router:
             return error_response(400, 'body must be {"url": "http://host:port"}')
         try:
             worker = await self.pool.add(data["url"])
+        except NotAWorker as exc:
+            log.warning("POST /workers %s refused: %s", data["url"], exc.message)
+            return error_response(400, "the URL did not answer as an SGLang worker (the router's log has the "
+                                       "details)")
         except WorkerError as exc:
             return error_response(exc.status, exc.message)
         return web.Response(body=orjson.dumps(worker.describe(self.index)), status=201,
@@ -335,7 +405,7 @@ def tune_gc() -> None:
 
 def build_app(cfg: RouterConfig) -> web.Application:
     router = Router(cfg)
-    app = web.Application(client_max_size=256 * 2**20, middlewares=[json_errors])
+    app = web.Application(client_max_size=cfg.max_body_bytes, middlewares=[json_errors, auth_middleware(cfg)])
     app[ROUTER] = router
 
     async def classify_route(request: web.Request) -> web.Response:
@@ -356,4 +426,6 @@ def build_app(cfg: RouterConfig) -> web.Application:
 
 
 def describe_config(cfg: RouterConfig) -> dict[str, Any]:
-    return {k: getattr(cfg, k) for k in cfg.__dataclass_fields__}
+    """The settings, keys redacted."""
+    return {k: ("<set>" if getattr(cfg, k) else None) if k in SECRET_FIELDS else getattr(cfg, k)
+            for k in cfg.__dataclass_fields__}

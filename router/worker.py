@@ -24,10 +24,17 @@ PINNED_THETA_SOURCE = "router flag --saturation-flops"
 class WorkerError(Exception):
     """A worker cannot be added or removed; ``status`` is the HTTP status to answer with."""
 
-    def __init__(self, status: int, message: str) -> None:
+    def __init__(self, status: int, message: str, *, sglang: bool = False) -> None:
         super().__init__(message)
         self.status = status
         self.message = message
+        self.sglang = sglang
+        """The URL answered as an SGLang worker (the message may then be shown to whoever added it)."""
+
+
+class NotAWorker(WorkerError):
+    """The URL did not answer as an SGLang worker (unreachable, or not SGLang). The message has network details
+    for the log; ``POST /workers`` answers without them, so that it cannot be used to scan ports."""
 
 
 @dataclass
@@ -64,6 +71,9 @@ class Worker:
     peak_inflight_requests: int = 0
     health_failures: int = 0
     last_error: str | None = None
+    last_progress: float = 0.0
+    """``time.monotonic()`` of the worker's latest sign of work: an answer, or a batch of KV events. A health
+    probe that times out while the worker keeps making progress means busy, not dead (``health``)."""
     added_at: float = field(default_factory=time.time)
     counters: WorkerCounters = field(default_factory=WorkerCounters)
     listeners: list[EventListener] = field(default_factory=list)

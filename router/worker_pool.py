@@ -9,8 +9,10 @@ to the committed tables.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Callable
+from dataclasses import replace
 
 import aiohttp
 
@@ -21,12 +23,16 @@ from sgl_moe.router.event_sink import KvEventSink
 from sgl_moe.router.health import HealthMonitor
 from sgl_moe.router.pending import PendingLedger
 from sgl_moe.router.plain_worker import PlainWorkers
+from sgl_moe.router.request_limits import RequestLimits
 from sgl_moe.router.router_tokenizer import RouterTokenizer
 from sgl_moe.router.tokenizer_probe import TOKENIZE_PATH, TokenizerCheck, check_worker
-from sgl_moe.router.worker import HEALTHY, UNHEALTHY, Worker, WorkerError
+from sgl_moe.router.worker import HEALTHY, UNHEALTHY, NotAWorker, Worker, WorkerError
 from sgl_moe.wire import WorkerInfo
 
 log = logging.getLogger("sgl_moe.router.workers")
+
+DEATH_PROBE_S = 2.0
+"""After a request's connection to a worker broke, how long ``died`` looks for the worker's process."""
 
 
 class WorkerPool:
@@ -46,6 +52,8 @@ class WorkerPool:
         self.discovery = Discovery(session, self.plain)
         self.health = HealthMonitor(self, self.discovery)
         self.events = KvEventSink(self.workers, index, ledger, on_change, cfg.drop_seqs())
+        self.limits = RequestLimits(cfg.max_prompts, cfg.max_request_tokens)
+        """What one request may ask for (``request_limits``): the flags, and the model's shape once known."""
         self._reference: WorkerInfo | None = None
         """The first worker's info: every later one must match it (``check_compatible``)."""
         self._next_id = 0
@@ -83,13 +91,23 @@ class WorkerPool:
             raise WorkerError(409, f"worker {url} is already registered")
         self._adding.add(url)
         try:
-            info = await self.discovery.fetch_info(url)
+            try:
+                info = await self.discovery.fetch_info(url)
+            except WorkerError as exc:
+                if exc.status == 502 or not exc.sglang:
+                    raise NotAWorker(exc.status, exc.message) from None
+                raise
+            self.check_new_instance(url, info)
             check_compatible(url, info, self._reference)
             if self.tokenizer is None:
                 self.tokenizer = await self.discovery.fetch_tokenizer(url, info)
             check = await self.verify_tokenizer(url, self.tokenizer)
             learned = self.plain.learned_about(url, info)
+            self.check_new_instance(url, info)  # again: another URL of the same worker may have joined meanwhile
             worker = self.admit(url, info, learned=learned)
+            self.limits = replace(self.limits, vocab_size=self._reference.vocab_size,
+                                  hidden_size=self._reference.hidden_size,
+                                  chars_per_token=self.tokenizer.max_token_chars)
             worker.tokenizer_check = check
             self.events.attach(worker)
             log.info("added worker %s at %s: model %s, page size %d, %d DP rank(s), Θ = %.3g FLOPs (%s)%s",
@@ -100,6 +118,33 @@ class WorkerPool:
             self._adding.discard(url)
         self.on_change()
         return worker
+
+    def check_new_instance(self, url: str, info: WorkerInfo) -> None:
+        """Refuse a worker already in the pool under another URL (same ``instance_id``): its capacity would count
+        twice."""
+        if info.instance_id is None:
+            return
+        for w in self.workers.values():
+            if w.instance_id == info.instance_id:
+                raise WorkerError(409, f"worker {url} is already registered as {w.id} ({w.url}): same instance id "
+                                       f"{info.instance_id}")
+
+    async def died(self, worker: Worker) -> bool:
+        """Whether the worker's process is gone, after a request to it broke: a refused connection (or no answer
+        within ``DEATH_PROBE_S``) means dead; any HTTP answer from SGLang's ``/model_info`` means alive."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + DEATH_PROBE_S
+        while True:
+            left = deadline - loop.time()
+            if left <= 0:
+                return True
+            try:
+                async with await self.discovery.get(f"{worker.url}/model_info", timeout=left):
+                    return False
+            except aiohttp.ClientConnectorError:
+                return True
+            except (TimeoutError, aiohttp.ClientError):
+                await asyncio.sleep(min(0.1, max(0.0, deadline - loop.time())))
 
     async def verify_tokenizer(self, url: str, tok: RouterTokenizer) -> TokenizerCheck:
         """Compare the router's ids with the joining worker's (``tokenizer_probe``); on a difference, mark the
@@ -152,6 +197,7 @@ class WorkerPool:
         if not self.workers:
             self._reference = None
             self.tokenizer = None
+            self.limits = RequestLimits(self.cfg.max_prompts, self.cfg.max_request_tokens)
         return worker
 
     async def close(self) -> None:

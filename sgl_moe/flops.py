@@ -86,3 +86,9 @@ class FlopsModel:
             num_layers=layers,
             num_moe_layers=moe_layers,
         )
+
+
+def embedding_shape(cfg: dict[str, Any]) -> tuple[int, int]:
+    """``(vocab_size, hidden_size)`` of a model's ``config.json`` (0 for a value it does not give)."""
+    cfg = cfg.get("text_config", cfg)
+    return int(cfg.get("vocab_size") or 0), int(cfg.get("hidden_size") or 0)

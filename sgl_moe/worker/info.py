@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from sgl_moe import __version__
-from sgl_moe.flops import FlopsModel
+from sgl_moe.flops import FlopsModel, embedding_shape
 from sgl_moe.saturation import SaturationThreshold
 from sgl_moe.wire import (
     CHAT_TEMPLATE_DIR,
@@ -92,6 +92,8 @@ def build_info(*, model_name: str, model_path: str, tokenizer_path: str, hf_conf
         model_path=model_path,
         tokenizer=tokenizer_files(tokenizer_path),
         context_length=context_length,
+        vocab_size=embedding_shape(hf_config)[0],
+        hidden_size=embedding_shape(hf_config)[1],
         page_size=page_size,
         prefix_caching=prefix_caching,
         dp_size=dp_size,

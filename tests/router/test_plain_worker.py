@@ -162,13 +162,16 @@ def test_a_model_dir_for_another_model_is_refused():
     assert status == 400 and "LlamaForCausalLM" in body["error"]["message"], body
 
 
-def test_a_server_that_is_not_sglang_is_refused():
+def test_a_server_that_is_not_sglang_is_refused(caplog: pytest.LogCaptureFixture):
+    """Refused with one answer that names no network detail (``POST /workers`` must not scan ports); the
+    router's log says why."""
     async def scenario() -> tuple[int, dict]:
         async with Router(web.Application()) as router:
             return await router.add_worker()
 
     status, body = asyncio.run(scenario())
-    assert status == 400 and "nor an SGLang server" in body["error"]["message"], body
+    assert status == 400 and "did not answer as an SGLang worker" in body["error"]["message"], body
+    assert "nor an SGLang server" in caplog.text
 
 
 def test_older_sglang_paths_and_the_raw_kv_events_config():

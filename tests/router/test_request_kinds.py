@@ -10,106 +10,26 @@ JSON shape. A non-exact tokenizer (``exact`` False: any non-generic tokenizer cl
 from __future__ import annotations
 
 import asyncio
-import json
-import shutil
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import orjson
 import pytest
-from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
+from doubles.stand_in import StandIn, tokenizer_dir
 
-from sgl_moe import DEFAULT_MODEL_DIR, saturation, wire
-from sgl_moe.flops import FlopsModel
 from sgl_moe.router.config import RouterConfig
-from sgl_moe.router.service import ROUTER, build_app
-from sgl_moe.worker.args import MoeArgs
-from sgl_moe.worker.info import build_info
+from sgl_moe.router.intake import single_prompt
+from sgl_moe.router.service import RID_ENDPOINTS, ROUTER, build_app
 
-PAGE = 16
-CHATML = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
-          "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
 TEXT = "The quick brown fox jumps over the lazy dog; " * 6
 OTHER = "Pack my box with five dozen liquor jugs. " * 5
 MESSAGES = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": TEXT}]
 PNG = ("data:image/png;base64,iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mP8z8BQDwAEhQGAhKmMIQAAAAB"
        "JRU5ErkJggg==")
-
-
-# -- the stand-in worker ---------------------------------------------------------------------------
-def tokenizer_dir(folder: Path, template: bool) -> Path:
-    """The shipped model's tokenizer files (no weights), its tokenizer config with or without a chat template."""
-    folder.mkdir(parents=True, exist_ok=True)
-    for f in DEFAULT_MODEL_DIR.iterdir():
-        if f.is_file() and f.suffix != ".safetensors":
-            shutil.copy(f, folder / f.name)
-    cfg = json.loads((DEFAULT_MODEL_DIR / "tokenizer_config.json").read_text())
-    cfg.pop("chat_template", None)
-    if template:
-        cfg["chat_template"] = CHATML
-    (folder / "tokenizer_config.json").write_text(json.dumps(cfg))
-    return folder
-
-
-@dataclass
-class StandIn:
-    """A worker that answers at once and records what it was sent; its tokenizer files come from ``tok_dir``."""
-
-    tok_dir: Path
-    received: list[tuple[str, dict]] = field(default_factory=list)
-
-    def app(self) -> web.Application:
-        config = json.loads((DEFAULT_MODEL_DIR / "config.json").read_text())
-        flops = FlopsModel.from_hf_config(config)
-        info = build_info(model_name=str(DEFAULT_MODEL_DIR), model_path=str(DEFAULT_MODEL_DIR),
-                          tokenizer_path=str(self.tok_dir), hf_config=config, instance_id="stand-in",
-                          context_length=4096, page_size=PAGE, step_tokens=4096, dp_size=1, kv_events_config=None,
-                          prefix_caching=True, device="none", sglang_version="stand-in", moe=MoeArgs(),
-                          theta=saturation.without_transfer(flops.request_flops(0, 4096), 4096, 1.0))
-
-        async def serve(request: web.Request) -> web.StreamResponse:
-            body = orjson.loads(await request.read())
-            self.received.append((request.path, body))
-            if body.get("stream"):
-                out = web.StreamResponse(headers={"content-type": "text/event-stream"})
-                await out.prepare(request)
-                for chunk in (b'data: {"text": "x"}\n\n', b"data: [DONE]\n\n"):
-                    await out.write(chunk)
-                await out.write_eof()
-                return out
-            one = {"text": "x", "output_ids": [5], "meta_info": {"prompt_tokens": 1, "cached_tokens": 0}}
-            prompt = body.get("input_ids") or body.get("text")
-            batch = request.path == "/generate" and isinstance(prompt, list) and isinstance(prompt[0], (list, str))
-            return web.json_response([one] * len(prompt) if batch else one)
-
-        async def get_info(request: web.Request) -> web.Response:
-            return web.Response(body=wire.encode(info), content_type="application/json")
-
-        async def tokenizer_file(request: web.Request) -> web.Response:
-            # Every path a worker serves its tokenizer files under: /sgl_moe/tokenizer.json,
-            # /sgl_moe/tokenizer_config.json and /sgl_moe/tokenizer/{name}.
-            name = request.match_info.get("name") or request.path.rsplit("/", 1)[1]
-            path = self.tok_dir / name
-            if ".." in name or not path.is_file():
-                raise web.HTTPNotFound()
-            return web.Response(body=path.read_bytes(), content_type="application/octet-stream")
-
-        async def health(request: web.Request) -> web.Response:
-            return web.Response(text="ok")
-
-        app = web.Application()
-        app.router.add_get(wire.INFO_PATH, get_info)
-        app.router.add_get(wire.TOKENIZER_PATH, tokenizer_file)
-        app.router.add_get(wire.TOKENIZER_CONFIG_PATH, tokenizer_file)
-        app.router.add_get("/sgl_moe/tokenizer/{name:.+}", tokenizer_file)
-        app.router.add_get("/health", health)
-        for path in ("/generate", "/v1/completions", "/v1/chat/completions", "/v1/score", "/v1/decisions"):
-            app.router.add_post(path, serve)
-        return app
 
 
 @pytest.fixture(scope="module")
@@ -251,7 +171,7 @@ ROWS = [
     Row("generate_lora_path", "/generate", {"text": TEXT, "lora_path": "adapter-a"}, text_as_ids),
     Row("generate_extra_key", "/generate", {"text": TEXT, "extra_key": "tenant-7"}, text_as_ids),
     Row("generate_cache_salt", "/generate", {"text": TEXT, "cache_salt": "salt-1"}, text_as_ids),
-    Row("generate_input_embeds", "/generate", {"input_embeds": [[0.01 * i] * 8 for i in range(20)]}),
+    Row("generate_input_embeds", "/generate", {"input_embeds": [[0.01 * i] * 128 for i in range(20)]}),  # hidden 128
     Row("generate_image_data", "/generate", {"text": TEXT, "image_data": PNG}),
     Row("generate_stream", "/generate", {"text": TEXT, "stream": True}, text_as_ids),
     Row("completions_string", "/v1/completions", {"prompt": TEXT, "max_tokens": 2}, prompt_as_ids),
@@ -305,6 +225,9 @@ def test_request_kind(row: Row, path: str, exact: bool, shared: Shared) -> None:
         assert content_type == "text/event-stream" and payload.endswith(b"data: [DONE]\n\n")
     [(endpoint, got)] = c.received()
     assert endpoint == row.endpoint
+    rid = got.pop("rid", None)  # the router names single generations so that it can abort them (intake)
+    expect_rid = endpoint in RID_ENDPOINTS and single_prompt(endpoint, got) and "rid" not in row.body
+    assert (rid is not None and rid.startswith("sgl-moe-")) if expect_rid else rid == row.body.get("rid"), rid
     assert got == (row.when_exact(row.body, c.tok) if exact else row.body)
     if path == "fast":
         assert c.fast_decisions >= 1

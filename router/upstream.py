@@ -1,0 +1,51 @@
+"""One request from the router to a worker: the call, what its failures mean, and aborting it."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+import aiohttp
+
+from sgl_moe.router.errors import WorkerFailure
+
+log = logging.getLogger("sgl_moe.router")
+
+ABORT_PATH = "/abort_request"
+"""SGLang's route that aborts a request by ``rid``."""
+
+
+def failure(exc: BaseException) -> WorkerFailure:
+    """The ``WorkerFailure`` an exception of the worker call stands for."""
+    text = f"{type(exc).__name__}: {exc}"
+    if isinstance(exc, aiohttp.ClientConnectorError):
+        return WorkerFailure(text, transport=True, connect=True)
+    if isinstance(exc, TimeoutError):
+        return WorkerFailure(text, transport=False, timeout=True)
+    if isinstance(exc, (aiohttp.ServerDisconnectedError, aiohttp.ClientPayloadError, aiohttp.ClientOSError)):
+        return WorkerFailure(text, transport=True)  # the connection broke after the request went out
+    return WorkerFailure(text, transport=False)
+
+
+@asynccontextmanager
+async def upstream(session: aiohttp.ClientSession, url: str, body: bytes,
+                   headers: dict[str, str]) -> AsyncIterator[aiohttp.ClientResponse]:
+    """``POST url`` with ``body``; the response, open until the block ends. Failures raise ``WorkerFailure``."""
+    try:
+        resp = await session.post(url, data=body, headers=headers)
+    except (TimeoutError, aiohttp.ClientError) as exc:
+        raise failure(exc) from None
+    async with resp:
+        yield resp
+
+
+async def abort_on_worker(session: aiohttp.ClientSession, base_url: str, rid: str) -> None:
+    """Ask the worker to abort request ``rid`` (best effort: a worker that cannot be reached has dropped it)."""
+    try:
+        async with session.post(base_url + ABORT_PATH, json={"rid": rid},
+                                timeout=aiohttp.ClientTimeout(total=5)) as resp:
+            if resp.status != 200:
+                log.warning("abort of %s on %s answered %d", rid, base_url, resp.status)
+    except (TimeoutError, aiohttp.ClientError) as exc:
+        log.warning("abort of %s on %s failed: %s", rid, base_url, exc)

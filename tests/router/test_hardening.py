@@ -1,0 +1,260 @@
+"""Hostile input at the router, in-process, in front of two stand-in workers (real HTTP, the shipped tokenizer).
+
+What a worker would crash on is refused with 400 before dispatch, every request's work is bounded (413 for a
+large body, 400 for too many prompts or tokens), keys guard the routes, and a worker already in the pool under
+another URL is refused. The same claims against real SGLang workers are in ``tests/live/test_hardening_live.py``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from aiohttp.test_utils import TestClient, TestServer
+from doubles.stand_in import StandIn, tokenizer_dir
+
+from sgl_moe.router.auth import allowed, bearer, route_level
+from sgl_moe.router.config import RouterConfig
+from sgl_moe.router.service import ROUTER, build_app, describe_config
+from sgl_moe.router.suspects import Suspect, SuspectList
+
+VOCAB = 4096  # the shipped model's config.json
+HIDDEN = 128
+API, ADMIN = "client-key-1", "admin-key-2"
+
+
+class Setup:
+    """A router app (given settings) in front of two stand-ins, on one event loop for the module."""
+
+    def __init__(self, tok: Path) -> None:
+        self.tok = tok
+        self.loop = asyncio.new_event_loop()
+        self.stand_ins = [StandIn(tok) for _ in range(2)]
+
+        async def serve() -> list[TestServer]:
+            servers = [TestServer(s.app()) for s in self.stand_ins]
+            for server in servers:
+                await server.start_server()
+            return servers
+        self.servers = self.loop.run_until_complete(serve())
+        self.urls = tuple(str(s.make_url("")).rstrip("/") for s in self.servers)
+        self.clients: dict[str, TestClient] = {}
+
+    def client(self, name: str, **settings: Any) -> TestClient:
+        if name not in self.clients:
+            cfg = RouterConfig(worker_urls=self.urls, prefix_wait_s=0, **settings)
+
+            async def start() -> TestClient:
+                client = TestClient(TestServer(build_app(cfg)))
+                await client.start_server()
+                return client
+            client = self.loop.run_until_complete(start())
+            router = client.server.app[ROUTER]
+            deadline = time.monotonic() + 60
+            while not (len(router.pool.workers) == 2 and router.pool.tokenizer is not None):
+                assert time.monotonic() < deadline, "stand-ins did not join"
+                self.loop.run_until_complete(asyncio.sleep(0.02))
+            self.clients[name] = client
+        return self.clients[name]
+
+    def call(self, client: TestClient, method: str, path: str, **kw: Any) -> tuple[int, Any, dict]:
+        async def go() -> tuple[int, Any, dict]:
+            async with client.request(method, path, **kw) as r:
+                body = await r.json(content_type=None) if "json" in r.headers.get("content-type", "") else None
+                return r.status, body, dict(r.headers)
+        return self.loop.run_until_complete(go())
+
+    def close(self) -> None:
+        for c in self.clients.values():
+            self.loop.run_until_complete(c.close())
+        for s in self.servers:
+            self.loop.run_until_complete(s.close())
+        self.loop.close()
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Setup]:
+    s = Setup(tokenizer_dir(tmp_path_factory.mktemp("tok"), template=True))
+    yield s
+    s.close()
+
+
+def received(setup: Setup) -> int:
+    return sum(len(s.received) for s in setup.stand_ins)
+
+
+# -- poison requests: refused before any worker sees them ------------------------------------------------------
+POISON = [
+    ("/generate", {"input_ids": [999_999_999]}, "input_ids"),
+    ("/generate", {"input_ids": [1, 2, VOCAB]}, "input_ids"),
+    ("/generate", {"input_ids": [[1, 2], [3, VOCAB + 5]]}, "input_ids"),
+    ("/v1/completions", {"prompt": [5, VOCAB]}, "prompt"),
+    ("/v1/score", {"query": [1, 2], "items": [[3], [VOCAB]]}, "items"),
+    ("/v1/score", {"query": "a", "items": ["b"], "label_token_ids": [1, VOCAB]}, "label_token_ids"),
+    ("/generate", {"input_ids": [1, 2], "token_ids_logprob": [VOCAB * 10]}, "token_ids_logprob"),
+    ("/generate", {"input_ids": [1, 2], "sampling_params": {"logit_bias": {str(VOCAB): 1.0}}}, "sampling_params"),
+    ("/v1/completions", {"prompt": "hi", "logit_bias": {"-1": 2.0}}, "logit_bias"),
+    ("/generate", {"input_ids": [1, 2], "top_logprobs_num": VOCAB + 1}, "top_logprobs_num"),
+    ("/generate", {"text": ""}, "text"),
+    ("/generate", {"input_ids": []}, "input_ids"),
+    ("/generate", {"input_embeds": [[0.1] * (HIDDEN + 1)]}, "input_embeds"),
+    ("/generate", {"input_embeds": [[0.1] * HIDDEN, [0.2] * 3]}, "input_embeds"),
+    ("/generate", {"input_embeds": [["x"] * HIDDEN]}, "input_embeds"),
+]
+
+
+@pytest.mark.parametrize(("path", "body", "param"), POISON, ids=[f"{p}-{i}" for i, (p, _, _) in enumerate(POISON)])
+def test_inputs_a_worker_would_crash_on_are_400_before_dispatch(setup: Setup, path: str, body: dict, param: str):
+    client = setup.client("open")
+    before = received(setup)
+    status, answer, _ = setup.call(client, "POST", path, json=body)
+    assert status == 400, answer
+    assert answer["error"]["param"] == param
+    assert received(setup) == before  # no worker saw it
+
+
+def test_in_vocabulary_ids_and_embeddings_of_the_right_width_pass(setup: Setup):
+    client = setup.client("open")
+    for body in ({"input_ids": [1, VOCAB - 1]}, {"input_embeds": [[0.5] * HIDDEN] * 3},
+                 {"input_ids": [1, 2], "sampling_params": {"logit_bias": {str(VOCAB - 1): -1.0}}}):
+        status, answer, _ = setup.call(client, "POST", "/generate", json=body)
+        assert status == 200, answer
+
+
+# -- bounded work --------------------------------------------------------------------------------------------
+def test_a_body_over_the_limit_is_413_without_being_read(setup: Setup):
+    client = setup.client("small", max_body_bytes=1000)
+    status, answer, _ = setup.call(client, "POST", "/generate", json={"text": "x" * 5000})
+    assert status == 413 and "--max-body-bytes" in answer["error"]["message"]
+
+    async def chunks():  # no Content-Length: refused once the bytes read pass the limit
+        yield b'{"text": "'
+        for _ in range(10):
+            yield b"y" * 500
+        yield b'"}'
+    status, answer, _ = setup.call(client, "POST", "/generate", data=chunks())
+    assert status == 413, answer
+
+
+def test_prompt_count_and_token_limits(setup: Setup):
+    client = setup.client("limits", max_prompts=4, max_request_tokens=50)
+    before = received(setup)
+    cases = [
+        ({"text": ["a"] * 5}, "text", "--max-prompts"),
+        ({"input_ids": [[1]] * 5}, "input_ids", "--max-prompts"),
+        ({"input_ids": [1] * 51}, "input_ids", "--max-request-tokens"),
+        ({"text": "z" * 100_000}, "text", "--max-request-tokens"),  # refused by length, before tokenizing
+    ]
+    for body, param, flag in cases:
+        status, answer, _ = setup.call(client, "POST", "/generate", json=body)
+        assert status == 400 and answer["error"]["param"] == param and flag in answer["error"]["message"], answer
+    status, answer, _ = setup.call(client, "POST", "/v1/score", json={"query": "q", "items": ["i"] * 5})
+    assert status == 400 and "--max-prompts" in answer["error"]["message"]
+    assert received(setup) == before
+    status, _, _ = setup.call(client, "POST", "/generate", json={"input_ids": [[1] * 10] * 4})
+    assert status == 200
+
+
+def test_health_answers_while_a_large_request_is_tokenized(setup: Setup):
+    """A large body is tokenized off the event loop: /health answers in well under the tokenization time."""
+    client = setup.client("open")
+    text = "lorem ipsum dolor sit amet, " * 200_000  # 5.6 MB of text
+
+    async def go() -> tuple[float, float, int]:
+        t0 = time.perf_counter()
+        big = asyncio.ensure_future(client.post("/generate", json={"text": text}))
+        await asyncio.sleep(0.3)  # the body is in and being tokenized
+        t1 = time.perf_counter()
+        async with client.get("/health") as r:
+            assert r.status == 200
+        health_s = time.perf_counter() - t1
+        resp = await big
+        status = resp.status
+        resp.release()
+        return health_s, time.perf_counter() - t0, status
+
+    health_s, total_s, status = setup.loop.run_until_complete(go())
+    assert status == 400  # more tokens than --max-request-tokens allows: tokenized, then refused
+    assert health_s < total_s / 2, (health_s, total_s)
+
+
+# -- authentication -----------------------------------------------------------------------------------------
+def test_route_levels_and_key_rules():
+    cfg = RouterConfig(api_key=API, admin_api_key=ADMIN)
+    assert route_level("POST", "/workers") == route_level("DELETE", "/workers/w0") == "admin"
+    assert route_level("GET", "/health") == route_level("GET", "/metrics") == "open"
+    assert route_level("POST", "/v1/score") == "client"
+    assert allowed("client", API, cfg) and allowed("client", ADMIN, cfg) and not allowed("client", "x", cfg)
+    assert allowed("admin", ADMIN, cfg) and not allowed("admin", API, cfg) and not allowed("admin", None, cfg)
+    assert allowed("client", None, RouterConfig()) and allowed("admin", None, RouterConfig())
+    only_admin = RouterConfig(admin_api_key=ADMIN)
+    assert allowed("client", None, only_admin) is False  # an admin key alone closes the inference routes too
+    assert bearer("Bearer abc") == "abc" and bearer("Basic abc") is None and bearer(None) is None
+
+
+def test_keys_guard_routes_and_workers_get_the_client_key(setup: Setup):
+    client = setup.client("keys", api_key=API, admin_api_key=ADMIN)
+    for method, path, kw in (("POST", "/generate", {"json": {"input_ids": [1, 2]}}),
+                             ("POST", "/workers", {"json": {"url": "http://127.0.0.1:9"}}),
+                             ("DELETE", "/workers/w0", {}), ("GET", "/workers", {})):
+        status, answer, headers = setup.call(client, method, path, **kw)
+        assert status == 401 and headers.get("WWW-Authenticate") == "Bearer", (method, path, answer)
+    status, _, _ = setup.call(client, "DELETE", "/workers/w0", headers={"Authorization": f"Bearer {API}"})
+    assert status == 401  # the client key does not open admin routes
+    assert setup.call(client, "GET", "/health")[0] == 200
+    assert setup.call(client, "GET", "/metrics")[0] == 200
+    before = [len(s.authorization) for s in setup.stand_ins]
+    status, _, _ = setup.call(client, "POST", "/generate", json={"input_ids": [1, 2]},
+                              headers={"Authorization": f"Bearer {ADMIN}"})
+    assert status == 200
+    sent = [a for s, n in zip(setup.stand_ins, before) for a in s.authorization[n:]]
+    assert sent == [f"Bearer {API}"]  # the router's client key, never the caller's admin key
+    assert setup.call(client, "GET", "/workers", headers={"Authorization": f"Bearer {ADMIN}"})[0] == 200
+
+
+def test_non_loopback_bind_needs_an_admin_key(monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.delenv("SGL_MOE_ADMIN_API_KEY", raising=False)
+    with pytest.raises(ValueError, match="--admin-api-key"):
+        RouterConfig.from_argv(["--host", "0.0.0.0"])
+    assert RouterConfig.from_argv(["--host", "0.0.0.0", "--allow-unauthenticated-admin"]).host == "0.0.0.0"
+    monkeypatch.setenv("SGL_MOE_ADMIN_API_KEY", ADMIN)
+    cfg = RouterConfig.from_argv(["--host", "0.0.0.0"])
+    assert cfg.admin_api_key == ADMIN
+    assert describe_config(cfg)["admin_api_key"] == "<set>" and ADMIN not in str(describe_config(cfg))
+    assert RouterConfig.from_argv(["--host", "::1"]).host == "::1"
+
+
+def test_post_workers_reports_no_network_details(setup: Setup):
+    client = setup.client("open")
+    answers = set()
+    for url in ("http://127.0.0.1:9", "http://10.255.255.1:81", setup.urls[0] + "/nothing-here"):
+        status, answer, _ = setup.call(client, "POST", "/workers", json={"url": url})
+        answers.add((status, answer["error"]["message"]))
+    assert len(answers) == 1, answers  # refused, timed out, not SGLang: one answer
+    status, message = answers.pop()
+    assert status == 400 and "did not answer as an SGLang worker" in message
+
+
+def test_the_same_worker_under_another_url_is_refused(setup: Setup):
+    client = setup.client("open")
+    other = setup.urls[0].replace("127.0.0.1", "localhost")
+    status, answer, _ = setup.call(client, "POST", "/workers", json={"url": other})
+    assert status == 409 and "same instance id" in answer["error"]["message"], answer
+    assert len(client.server.app[ROUTER].pool.workers) == 2
+
+
+# -- suspects ------------------------------------------------------------------------------------------------
+def test_suspect_list_expires_and_is_bounded():
+    suspects = SuspectList(ttl_s=10, capacity=2)
+    a, b, c = (SuspectList.fingerprint("/generate", x) for x in (b"a", b"b", b"c"))
+    suspects.add(a, Suspect("r1", "w0", at=100.0))
+    assert suspects.find(a, now=105.0).rid == "r1"
+    assert suspects.find(SuspectList.fingerprint("/v1/score", b"a"), now=105.0) is None
+    assert suspects.find(a, now=111.0) is None  # expired
+    for key, t in ((a, 200.0), (b, 201.0), (c, 202.0)):
+        suspects.add(key, Suspect("r", "w0", at=t))
+    assert len(suspects) == 2 and suspects.find(a, now=203.0) is None
