@@ -104,11 +104,12 @@ def expert_rows(device: torch.device, cfg: MoEStackConfig, experts: int, time_fn
     """``experts`` experts of one layer (w13 and w2 rows) from the pinned store: row by row through the offload
     engine's gather_rows (torch._foreach_copy_, per-row DMAs) against one copy of the same bytes."""
     dt = cfg.torch_dtype
-    w13 = torch.randn(cfg.experts, 2 * cfg.expert_width, cfg.hidden).to(dt)
-    w2 = torch.randn(cfg.experts, cfg.hidden, cfg.expert_width).to(dt)
+    stored = min(cfg.experts, 2 * experts)  # a store of 2x the experts copied: every other row, scattered
+    w13 = torch.randn(stored, 2 * cfg.expert_width, cfg.hidden).to(dt)
+    w2 = torch.randn(stored, cfg.hidden, cfg.expert_width).to(dt)
     if device.type == "cuda":
         w13, w2 = w13.pin_memory(), w2.pin_memory()
-    ids = list(range(0, cfg.experts, max(1, cfg.experts // experts)))[:experts]
+    ids = list(range(0, stored, max(1, stored // experts)))[:experts]
     d13 = torch.empty((experts, *w13.shape[1:]), dtype=dt, device=device)
     d2 = torch.empty((experts, *w2.shape[1:]), dtype=dt, device=device)
     dst = list(d13.unbind(0)) + list(d2.unbind(0))
