@@ -22,12 +22,13 @@ from aiohttp import web
 
 from sgl_moe.router.chat_prompt import chat_prompt
 from sgl_moe.router.errors import RequestError, error_body, error_response, request_error_response
-from sgl_moe.router.intake import PARSE_INLINE_BYTES, read_body
+from sgl_moe.router.intake import PARSE_INLINE_BYTES, Attempt, read_body
 from sgl_moe.router.parsed_request import ParsedRequest
 from sgl_moe.router.prefill_tasks import ScorePlan, Task, TaskError, combine, parse_tasks, plan_score, read_score
 from sgl_moe.router.request_fields import check_model
 from sgl_moe.router.request_parsing import parse_request
 from sgl_moe.router.router_tokenizer import RouterTokenizer
+from sgl_moe.router.suspects import SuspectList
 
 if TYPE_CHECKING:
     from sgl_moe.router.service import Router
@@ -141,9 +142,12 @@ async def _classify(router: Router, request: web.Request) -> web.Response:
 
     async def run_unit(unit: PlannedUnit, urid: str) -> tuple[int, dict]:
         body_bytes = orjson.dumps(unit.parsed.body)
-        async with gate:
-            resp = await router.run(urid, unit.parsed,
-                                    lambda p: router.forward(SCORE, body_bytes, headers, p, unit.parsed))
+        attempt = Attempt(SCORE, body_bytes, headers, SuspectList.fingerprint(SCORE, body_bytes), None)
+        resp = router.refuse_suspect(urid, attempt.fingerprint)
+        if resp is None:
+            async with gate:
+                resp = await router.run(urid, unit.parsed, lambda p: router.forward(
+                    SCORE, body_bytes, headers, p, unit.parsed, attempt), attempt)
         payload = orjson.loads(resp.body) if resp.body else {}
         if resp.status != 200:
             message = (payload.get("error") or {}).get("message") if isinstance(payload, dict) else None

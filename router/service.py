@@ -138,20 +138,15 @@ class Router:
         abort_rid = None
         if endpoint in RID_ENDPOINTS:
             if client_rid is None and single_prompt(endpoint, parsed.body):
-                client_rid = abort_rid = f"sgl-moe-{rid}"
+                client_rid = abort_rid = f"sgl-moe-{uuid.uuid4().hex}"  # unique: SGLang aborts by rid prefix
             elif isinstance(client_rid, str):
                 abort_rid = client_rid
             if client_rid is not None:
                 parsed.body["rid"] = client_rid
                 body = orjson.dumps(parsed.body)
-        suspect = self.suspects.find(fingerprint)
-        if suspect is not None:
-            self.suspects.refused += 1
-            log.warning("refusing request %s: the same request (%s) was running on worker %s when it died %.0f s "
-                        "ago", rid, suspect.rid, suspect.worker_id, time.monotonic() - suspect.at)
-            return error_response(400, f"refused: this request was running on worker {suspect.worker_id} when "
-                                  f"that worker died (request {suspect.rid}); it may be what killed it, so the "
-                                  "router does not send it to another worker", kind="request_failed")
+        refusal = self.refuse_suspect(rid, fingerprint)
+        if refusal is not None:
+            return refusal
         headers = {"content-type": "application/json"}
         if self.cfg.api_key is None and self.cfg.admin_api_key is None and "authorization" in request.headers:
             headers["authorization"] = request.headers["authorization"]  # the workers check it, if anyone
@@ -163,6 +158,18 @@ class Router:
             return await self.run(rid, parsed, lambda p: self._stream(request, attempt, p), attempt)
         return await self.run(rid, parsed, lambda p: self.forward(endpoint, body, headers, p, parsed, attempt),
                               attempt)
+
+    def refuse_suspect(self, rid: str, fingerprint: bytes) -> web.Response | None:
+        """The 400 for a request that was running on a worker when it died (``suspects``), else None."""
+        suspect = self.suspects.find(fingerprint)
+        if suspect is None:
+            return None
+        self.suspects.refused += 1
+        log.warning("refusing request %s: the same request (%s) was running on worker %s when it died %.0f s ago",
+                    rid, suspect.rid, suspect.worker_id, time.monotonic() - suspect.at)
+        return error_response(400, f"refused: this request was running on worker {suspect.worker_id} when that "
+                              f"worker died (request {suspect.rid}); it may be what killed it, so the router does "
+                              "not send it to another worker", kind="request_failed")
 
     async def run(self, rid: str, parsed: ParsedRequest, call: Callable[[Placement], Awaitable[web.StreamResponse]],
                   attempt: Attempt | None = None) -> web.StreamResponse:
