@@ -55,6 +55,11 @@ else
 fi
 echo "gpu_suite: phase $phase, device $dev, results in $out, python $("$PY" -c 'import sys, torch; print(sys.version.split()[0], "torch", torch.__version__)')"
 
+secs() {  # secs T0_NS [T1_NS]: seconds between two `date +%s%N` readings (no bc on every image)
+    local d=$(( ${2:-$(date +%s%N)} - $1 ))
+    printf '%d.%03d' $(( d / 1000000000 )) $(( d / 1000000 % 1000 ))
+}
+
 # step NAME LIMIT_S CMD...: CMD's stdout -> NAME.md (the tables the tools print), stderr -> NAME.log; the
 # command itself writes NAME.json (--json). Recorded in $steps.
 step() {
@@ -62,15 +67,19 @@ step() {
     shift 2
     echo "== $name (limit ${limit}s): $*" | tee -a "$out/$name.log" >&2
     local t0 t1 rc
-    t0=$(date +%s.%N)
+    t0=$(date +%s%N)
     timeout --kill-after=10 "$limit" "$@" >"$out/$name.md" 2>>"$out/$name.log"
     rc=$?
-    t1=$(date +%s.%N)
+    t1=$(date +%s%N)
     local files
     files=$(cd "$out" && ls -1 "$name".* 2>/dev/null | paste -sd, -)
-    printf '%s\t%s\t%s\t%s\t%s\n' "$name" "$rc" "$(echo "$t1 - $t0" | bc)" "$limit" "$files" >>"$steps"
-    printf '== %s: exit %s, %.1f s\n' "$name" "$rc" "$(echo "$t1 - $t0" | bc)" >&2
-    [ "$rc" = 0 ] || failed=1
+    printf '%s\t%s\t%s\t%s\t%s\n' "$name" "$rc" "$(secs $t0 $t1)" "$limit" "$files" >>"$steps"
+    printf '== %s: exit %s, %.1f s\n' "$name" "$rc" "$(secs $t0 $t1)" >&2
+    if [ "$rc" != 0 ]; then
+        failed=1
+        echo "-- last lines of $name.log:" >&2
+        tail -n 30 "$out/$name.log" >&2
+    fi
 }
 
 summarize() {

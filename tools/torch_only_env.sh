@@ -18,8 +18,13 @@ root=$(pwd)
 env_only=0
 [ "${1:-}" = "--env-only" ] && env_only=1
 
+secs() {  # secs T0_NS [T1_NS]: seconds between two `date +%s%N` readings (no bc on every image)
+    local d=$(( ${2:-$(date +%s%N)} - $1 ))
+    printf '%d.%03d' $(( d / 1000000000 )) $(( d / 1000000 % 1000 ))
+}
+
 [ -x .venv/bin/python ] || bash tools/bootstrap.sh
-t0=$(date +%s.%N)
+t0=$(date +%s%N)
 base=$(.venv/bin/python -c 'import sys; print(sys._base_executable)')
 rm -rf .venv-torch
 "$base" -m venv --without-pip .venv-torch
@@ -76,16 +81,16 @@ print(f"[torch-only] python {sys.version.split()[0]}, torch {torch.__version__},
       f"pytest {pytest.__version__}; not importable: {', '.join(absent)}")
 PY
 )
-printf '[torch-only] environment built in %.1f s\n' "$(echo "$(date +%s.%N) - $t0" | bc)"
+printf '[torch-only] environment built in %.1f s\n' "$(secs $t0 $(date +%s%N))"
 [ "$env_only" = 1 ] && exit 0
 
 export PYTHON="$root/.venv-torch/bin/python"
-t1=$(date +%s.%N)
+t1=$(date +%s%N)
 bash tools/gpu_suite.sh --smoke
-printf '[torch-only] smoke suite: %.1f s\n' "$(echo "$(date +%s.%N) - $t1" | bc)"
-t2=$(date +%s.%N)
+printf '[torch-only] smoke suite: %.1f s\n' "$(secs $t1 $(date +%s%N))"
+t2=$(date +%s%N)
 # The engine tests without the project installed: sgl_moe from the checkout. -p no:cacheprovider keeps the
 # run read-only; the worker-marked tests start SGLang and do not belong here.
 PYTHONPATH="$root" "$PYTHON" -m pytest -q -p no:cacheprovider -m "not worker" \
     tests/streaming tests/offload tests/overlap tests/prediction
-printf '[torch-only] engine tests: %.1f s\n' "$(echo "$(date +%s.%N) - $t2" | bc)"
+printf '[torch-only] engine tests: %.1f s; total %.1f s\n' "$(secs $t2 $(date +%s%N))" "$(secs $t0 $(date +%s%N))"
