@@ -9,9 +9,10 @@
 #
 # Needs only torch and the standard library (the GPU image has no SGLang, orjson, msgspec, pyzmq and no
 # project install): runs `$PYTHON -m ...` from the repository root with the root on PYTHONPATH; PYTHON
-# defaults to python3. Each step writes NAME.json, NAME.md and NAME.log into RESULTS_DIR and runs under a
-# time limit; summary-PHASE.json/.md give every step's exit code and seconds. A failing step does not stop
-# the others; the suite exits 1 if any failed.
+# defaults to the first of python3, .venv-torch/bin/python, .venv/bin/python that imports torch. Each step
+# writes NAME.json, NAME.md and NAME.log into RESULTS_DIR and runs under a time limit; summary-PHASE.json/.md
+# give every step's exit code and seconds. A failing step does not stop the others; the suite exits 1 if any
+# failed.
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 root=$(pwd)
@@ -43,7 +44,13 @@ if [ -z "$out" ]; then
 fi
 mkdir -p "$out" || exit 2
 out=$(cd "$out" && pwd)
-PY=${PYTHON:-python3}
+PY=${PYTHON:-}
+if [ -z "$PY" ]; then  # the GPU image's python3 holds torch; here, the project's environments do
+    for c in python3 .venv-torch/bin/python .venv/bin/python; do
+        if "$c" -c 'import torch' 2>/dev/null; then PY=$c; break; fi
+    done
+    PY=${PY:-python3}
+fi
 export PYTHONPATH="$root${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 if [ "$smoke" = 1 ]; then
     dev=cpu
