@@ -73,12 +73,12 @@ GROWTH_MIN = 0.10
 
 def from_throughput(points: list[tuple[int, float]], prompt_flops: float, prompt_tokens: int, margin: float,
                     seconds: float, growth_min: float = GROWTH_MIN) -> SaturationThreshold:
-    """Θ where throughput stops growing: ``points`` are ``(prompts per batch, best seconds)`` for batches of
-    ``prompt_tokens``-token prompts costing ``prompt_flops`` each, in increasing batch size.
+    """Θ where throughput stops growing: ``points`` are ``(requests in flight, seconds per round of them)``
+    for ``prompt_tokens``-token prompts costing ``prompt_flops`` each, in increasing number in flight.
 
-    The saturation batch is the first whose successor raises FLOPs/s by less than ``growth_min`` (the last
-    one profiled if throughput grew all the way); Θ = margin x its FLOPs. A worker below Θ has idle compute:
-    more work in the same batch costs (almost) no time; above it, work queues."""
+    The saturation point is the first whose successor raises FLOPs/s by less than ``growth_min`` (the last
+    one profiled if throughput grew all the way); Θ = margin x the FLOPs in flight there. A worker below Θ
+    has idle capacity: more work in flight costs (almost) no time; above it, work only queues."""
     if not points:
         raise CalibrationError("the throughput profile measured no batch")
     if any(t <= 0 for _, t in points):
@@ -94,7 +94,7 @@ def from_throughput(points: list[tuple[int, float]], prompt_flops: float, prompt
     return SaturationThreshold(
         margin * batch * prompt_flops,
         f"measured throughput profile: FLOPs/s stops growing by {growth_min:.0%} per doubling at {batch} "
-        f"prompt(s) x {prompt_tokens} tokens ({rates[sat]:.3g} FLOPs/s); margin {margin} x its FLOPs",
+        f"request(s) of {prompt_tokens} tokens in flight ({rates[sat]:.3g} FLOPs/s); margin {margin} x their FLOPs",
         "calibrated",
         {"margin": margin, "profile_prompt_tokens": prompt_tokens, "batch_sizes": sizes,
          "throughput_flops_per_s": rates, "saturation_batch": batch, "profile_seconds": seconds},

@@ -132,13 +132,13 @@ class SaturationInfo:
     mean_wait_s: float | None = None
     # Throughput profile (workers without weight streaming: ``saturation.from_throughput``).
     profile_prompt_tokens: int | None = None
-    """Tokens per prompt of the profile's batches."""
+    """Tokens per prompt of the profile's requests."""
     batch_sizes: list[int] | None = None
-    """Prompts per batch, in the order profiled."""
+    """Requests in flight at each level, in the order profiled."""
     throughput_flops_per_s: list[float] | None = None
-    """Best FLOPs/s measured at each batch size."""
+    """FLOPs/s measured at each level."""
     saturation_batch: int | None = None
-    """The batch size where throughput stopped growing (Θ = margin x its FLOPs)."""
+    """Requests in flight where throughput stopped growing (Θ = margin x their FLOPs)."""
     profile_seconds: float | None = None
     """Wall time the profile took at start-up."""
 

@@ -111,26 +111,31 @@ class Calibrator:
 
 PROFILE_PROMPT_TOKENS = 256
 """Tokens per prompt of the throughput profile (a typical prefill-only prompt; capped by the step)."""
-PROFILE_MAX_BATCH = 32
-PROFILE_REPEATS = 2
+PROFILE_MAX_CONCURRENCY = 16
+PROFILE_ROUNDS = 3
+"""Requests each concurrent client sends one after another at each level."""
 
 
 class ThroughputCalibrator(Calibrator):
-    """Θ for a worker without weight streaming: the batch size where throughput stops growing.
+    """Θ for a worker without weight streaming: the in-flight work where throughput stops growing.
 
     The same handshake as the streaming calibration: ``/sgl_moe/info`` reports the fallback with state
     ``calibrating`` until the profile ends, and the router re-reads the info until the state changes. Once
-    the server answers ``/health``, it sends ``/generate`` batches of b prompts of random token ids (never a
-    cache hit), b = 1, 2, 4, ... while b prompts fit in one prefill step, each timed ``PROFILE_REPEATS``
-    times (best kept), and stops at the first doubling that raises FLOPs/s by less than
-    ``saturation.GROWTH_MIN``. Then it flushes the prefix cache of the random prompts. A few seconds; a
-    worker given ``--moe-saturation-flops`` skips it.
+    the server answers ``/health``, c clients (c = 1, 2, 4, ...) each send ``PROFILE_ROUNDS`` one-prompt
+    ``/generate`` requests of random token ids (never a cache hit) back to back, so c requests are in
+    flight as the router would keep them: SGLang batches them and overlaps its own per-request work
+    (HTTP, tokenizer manager, scheduling) with the forwards. It stops at the first doubling of c that raises
+    FLOPs/s by less than ``saturation.GROWTH_MIN``; Θ is the FLOPs of the c requests in flight there. Then
+    it flushes the prefix cache of the random prompts. A few seconds; a worker given
+    ``--moe-saturation-flops`` skips it.
     """
 
     def __init__(self, base_url: str, shape: Callable[[], WorkerShape], margin: float, timeout_s: float) -> None:
         super().__init__(base_url, "", shape, margin, timeout_s)
 
     def _run(self) -> None:
+        from concurrent.futures import ThreadPoolExecutor
+
         deadline = time.monotonic() + self.timeout_s
         try:
             self._wait_healthy(deadline)
@@ -139,23 +144,34 @@ class ThroughputCalibrator(Calibrator):
             per_prompt = max(16, min(PROFILE_PROMPT_TOKENS, shape.step_tokens, shape.context_length - 8))
             prompt_flops = shape.flops.request_flops(0, per_prompt)
             rng = random.Random(0)
+            lock = threading.Lock()
 
-            def batch_seconds(b: int) -> float:
-                ids = [[rng.randrange(16, shape.vocab_size) for _ in range(per_prompt)] for _ in range(b)]
-                t0 = time.perf_counter()
-                self._post("/generate", {"input_ids": ids, "sampling_params": {"max_new_tokens": 1}}, deadline)
-                return time.perf_counter() - t0
+            def prompt() -> list[int]:
+                with lock:
+                    return [rng.randrange(16, shape.vocab_size) for _ in range(per_prompt)]
 
-            batch_seconds(1)  # warm-up: first-call costs are not throughput
+            def client(rounds: int) -> None:
+                for _ in range(rounds):
+                    self._post("/generate", {"input_ids": prompt(), "sampling_params": {"max_new_tokens": 1}},
+                               deadline)
+
+            def level_seconds(c: int) -> float:
+                with ThreadPoolExecutor(c) as pool:
+                    t0 = time.perf_counter()
+                    for f in [pool.submit(client, PROFILE_ROUNDS) for _ in range(c)]:
+                        f.result()
+                    return (time.perf_counter() - t0) / PROFILE_ROUNDS
+
+            client(2)  # warm-up: first-call costs are not throughput
             points: list[tuple[int, float]] = []
-            b = 1
-            while b <= PROFILE_MAX_BATCH and (b == 1 or b * per_prompt <= shape.step_tokens):
-                points.append((b, min(batch_seconds(b) for _ in range(PROFILE_REPEATS))))
+            c = 1
+            while c <= PROFILE_MAX_CONCURRENCY:
+                points.append((c, level_seconds(c)))
                 if len(points) >= 2:
-                    (b0, t0), (b1, t1) = points[-2], points[-1]
-                    if b1 / t1 < (1.0 + saturation.GROWTH_MIN) * b0 / t0:
+                    (c0, t0), (c1, t1) = points[-2], points[-1]
+                    if c1 / t1 < (1.0 + saturation.GROWTH_MIN) * c0 / t0:
                         break  # stopped growing: no need to go further
-                b *= 2
+                c *= 2
             self._flush(deadline)
             self.result = saturation.from_throughput(points, prompt_flops, per_prompt, self.margin,
                                                      time.monotonic() - t_start)

@@ -25,7 +25,7 @@ FLOPS = FlopsModel(linear_flops_per_token=1000.0, attn_flops_per_pair=10.0, lm_h
 
 
 def test_saturation_is_the_first_batch_whose_doubling_stops_paying():
-    # FLOPs/s doubles up to 4 prompts, then grows 5% per doubling.
+    # FLOPs/s doubles up to 4 requests in flight, then grows 5% per doubling.
     points = [(1, 1.0), (2, 1.0), (4, 1.0), (8, 2.0 / 1.05)]
     theta = saturation.from_throughput(points, prompt_flops=10.0, prompt_tokens=256, margin=1.0, seconds=3.0)
     assert theta.details["saturation_batch"] == 4 and theta.flops == pytest.approx(40.0)
@@ -39,9 +39,12 @@ def test_saturation_is_the_first_batch_whose_doubling_stops_paying():
 
 
 class _StandIn(BaseHTTPRequestHandler):
-    """A batch of b prompts takes 20 ms x max(1, b / 4): throughput grows up to 4 prompts, then is flat."""
+    """A request takes 40 ms x max(1, n / 4) with n requests in flight: throughput grows up to 4 in flight,
+    then is flat (a worker whose batches stop paying beyond 4 requests)."""
 
     seen: list[str] = []
+    inflight = 0
+    lock = threading.Lock()
 
     def log_message(self, *args) -> None:
         pass
@@ -54,10 +57,14 @@ class _StandIn(BaseHTTPRequestHandler):
     def do_POST(self) -> None:
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
         if self.path == "/generate":
-            b = len(body["input_ids"])
-            assert all(len(p) == len(body["input_ids"][0]) for p in body["input_ids"])
-            self.seen.append(f"generate {b}")
-            time.sleep(0.02 * max(1.0, b / 4))
+            assert len(body["input_ids"]) == 256 and isinstance(body["input_ids"][0], int)
+            with _StandIn.lock:
+                _StandIn.inflight += 1
+                n = _StandIn.inflight
+                self.seen.append(f"generate {n}")
+            time.sleep(0.04 * max(1.0, n / 4))
+            with _StandIn.lock:
+                _StandIn.inflight -= 1
         else:
             self.seen.append(self.path)
         self.send_response(200)
@@ -80,6 +87,7 @@ def test_profile_finds_the_knee_reports_it_and_the_router_installs_it():
         server.shutdown()
     assert theta.state == "calibrated", theta.source
     assert theta.details["saturation_batch"] == 4 and theta.details["batch_sizes"] == [1, 2, 4, 8]
+    assert max(int(x.split()[1]) for x in _StandIn.seen if x.startswith("generate")) == 8  # 8 clients at once
     assert theta.flops == pytest.approx(4 * FLOPS.request_flops(0, 256))
     assert _StandIn.seen[-1] == "/flush_cache"  # the profile's random prompts leave the cache
     # The info carries the figures; a router installs the measured Θ.
