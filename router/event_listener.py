@@ -15,6 +15,7 @@ that worker and rank) and delivery goes on from the earliest batch still known.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import math
 import time
@@ -34,6 +35,8 @@ _END_SEQ = (-1).to_bytes(8, "big", signed=True)
 _DECODE_WARNING_INTERVAL_S = 10.0
 _CHUNK = 256
 """Messages read, or batches delivered, between two yields to the event loop."""
+_HANDSHAKE_FAILURES = (zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL | zmq.EVENT_HANDSHAKE_FAILED_AUTH
+                       | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL)
 
 
 @dataclass(frozen=True)
@@ -79,6 +82,8 @@ class ListenerStats:
     last_lag_s: float = 0.0
     """Wall-clock time between the publisher stamping the last delivered batch and its delivery."""
     connected_at: float = 0.0
+    handshake_failures: int = 0
+    """Connection attempts the publisher and the router could not agree on (CURVE keys, mechanism)."""
 
 
 @dataclass(frozen=True)
@@ -130,6 +135,8 @@ class EventListener:
         assert task is not None
         ctx = self._ctx if self._ctx is not None else zmq.asyncio.Context()
         sub = ctx.socket(zmq.SUB)
+        monitor = sub.get_monitor_socket(_HANDSHAKE_FAILURES)
+        watch = asyncio.create_task(self._watch_handshakes(monitor))
         try:
             sub.setsockopt(zmq.LINGER, 0)
             sub.setsockopt_string(zmq.SUBSCRIBE, self.source.topic)
@@ -152,10 +159,41 @@ class EventListener:
                 raise
             task.uncancel()
         finally:
+            watch.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await watch
+            sub.disable_monitor()
+            monitor.close(linger=0)
             sub.close(linger=0)
             if self._ctx is None:
                 ctx.destroy(linger=0)
             self._task = None
+
+    async def _watch_handshakes(self, monitor: zmq.asyncio.Socket) -> None:
+        """Count failed handshakes with the publisher and say once, per kind, what to fix: without this a
+        router and a worker that disagree on keys just exchange nothing."""
+        from zmq.utils.monitor import parse_monitor_message
+
+        warned: set[int] = set()
+        while True:
+            event = parse_monitor_message(await monitor.recv_multipart())["event"]
+            self.stats.handshake_failures += 1
+            if event in warned:
+                continue
+            warned.add(event)
+            if event == zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL and self._curve is None:
+                hint = ("the publisher requires CURVE keys (worker started with --moe-kv-events-keys): start the "
+                        "router with --kv-events-keys DIR/router")
+            elif event == zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL:
+                hint = ("the publisher does not use CURVE (worker started without --moe-kv-events-keys), but the "
+                        "router has --kv-events-keys")
+            elif event == zmq.EVENT_HANDSHAKE_FAILED_AUTH:
+                hint = ("the worker refused the router's public key: put the router's router.key in the worker's "
+                        "--moe-kv-events-keys folder")
+            else:
+                hint = ("the worker's CURVE public key is not the worker.key in --kv-events-keys (keys of another "
+                        "deployment?)" if self._curve is not None else "handshake failed")
+            logger.warning("%s: cannot read KV events from %s: %s", self._who, self.source.endpoint, hint)
 
     def _secure(self, sock: zmq.Socket) -> None:
         """Make ``sock`` a CURVE client with the router's keys (before it connects), if the router has keys."""

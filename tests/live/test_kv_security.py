@@ -3,6 +3,7 @@ cache hits on them); without keys a non-loopback worker binds its event sockets 
 
 from __future__ import annotations
 
+import json
 import socket
 import time
 import uuid
@@ -11,6 +12,7 @@ import msgspec
 import pytest
 import zmq
 
+from sgl_moe import DEFAULT_MODEL_DIR
 from sgl_moe.harness.router_client import generate, wait_until
 from sgl_moe.harness.router_client import workers as router_workers
 from sgl_moe.harness.worker_process import WorkerProcess, WorkerStartError
@@ -18,6 +20,8 @@ from sgl_moe.kv_event_keys import generate as generate_keys
 from sgl_moe.kv_event_keys import load_client_keys
 
 from .conftest import WORKER_ARGS
+
+ADMIN_KEY = "kv-security-admin"
 
 
 def unique_text(words: int = 80) -> str:
@@ -59,7 +63,8 @@ def keys(tmp_path_factory):
 @pytest.fixture(scope="module")
 def curve_worker(keys, tmp_path_factory):
     w = WorkerProcess(log_path=tmp_path_factory.mktemp("curve") / "worker.log",
-                      args=[*WORKER_ARGS, "--moe-kv-events-keys", str(keys[0])]).start()
+                      args=[*WORKER_ARGS, "--moe-kv-events-keys", str(keys[0]),
+                            "--admin-api-key", ADMIN_KEY]).start()
     try:
         w.info = w.wait_ready(timeout=600)
     except WorkerStartError as exc:
@@ -126,6 +131,25 @@ def test_router_without_the_key_commits_nothing(curve_worker, router_factory):
     assert router_workers(router.url)[first.headers["x-sgl-moe-worker"]]["committed_blocks"] == 0
 
 
+def test_info_shows_absolute_paths_only_to_the_admin(curve_worker, keys):
+    import httpx
+
+    url = f"{curve_worker.url}/sgl_moe/info"
+    public = httpx.get(url, timeout=30).json()
+    assert public["model_path"] == DEFAULT_MODEL_DIR.name and public["tokenizer"]["path"] == DEFAULT_MODEL_DIR.name
+    assert public["moe_args"]["kv_events_keys"] == "worker"
+    assert str(DEFAULT_MODEL_DIR) not in json.dumps(public) and str(keys[0]) not in json.dumps(public)
+    for headers in ({"Authorization": f"Bearer {ADMIN_KEY}"}, {"X-Admin-Key": ADMIN_KEY}):
+        full = httpx.get(url, headers=headers, timeout=30).json()
+        assert full["model_path"] == str(DEFAULT_MODEL_DIR) and full["moe_args"]["kv_events_keys"] == str(keys[0])
+    wrong = httpx.get(url, headers={"Authorization": "Bearer nope"}, timeout=30).json()
+    assert wrong["model_path"] == DEFAULT_MODEL_DIR.name
+    # The router reads the tokenizer through the files route, not the path: it still gets every file.
+    assert public["tokenizer"]["files"] and httpx.get(
+        f"{curve_worker.url}/sgl_moe/tokenizer/tokenizer.json", timeout=30).content == (
+        DEFAULT_MODEL_DIR / "tokenizer.json").read_bytes()
+
+
 def _non_loopback_ipv4() -> str | None:
     """An IPv4 address of this machine that is not loopback (the one its default route leaves from)."""
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
@@ -155,6 +179,5 @@ def test_non_loopback_host_binds_events_to_that_address_not_all_interfaces(tmp_p
                 assert s.connect_ex(("127.0.0.1", port)) != 0
             with socket.create_connection((host, port), timeout=5):
                 pass
-        assert "/" not in w.info["model_path"] and "/" not in w.info["tokenizer"]["path"]  # no absolute paths
     finally:
         w.stop()

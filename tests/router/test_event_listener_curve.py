@@ -86,13 +86,17 @@ def test_router_keys_read_replay_and_live_stream(curve_publisher, keys):
     seqs = [b.seq for b in sink.batches]
     assert seqs[:5] == [0, 1, 2, 3, 4]  # the connect-time replay brought what was published before
     assert seqs == list(range(len(seqs))) and len(seqs) > 10  # then the live stream, in order
-    assert listener.stats.replays >= 1 and listener.stats.replay_failures == 0
+    assert listener.stats.replays >= 1 and listener.stats.replay_failures == listener.stats.handshake_failures == 0
     stored = sink.batches[0].events[0]
     assert isinstance(stored, BlockStored) and stored.token_ids == TOKENS
 
 
-@pytest.mark.parametrize("who", ["no keys", "client key unknown to the worker", "wrong server key"])
-def test_without_the_deployment_keys_nothing_is_read(curve_publisher, keys, who):
+@pytest.mark.parametrize("who, hint", [
+    ("no keys", "start the router with --kv-events-keys"),
+    ("client key unknown to the worker", "put the router's router.key in the worker's"),
+    ("wrong server key", "is not the worker.key in --kv-events-keys"),
+])
+def test_without_the_deployment_keys_nothing_is_read(curve_publisher, keys, who, hint, caplog):
     deployment, other = (load_client_keys(str(keys / d / "router")) for d in ("deployment", "other"))
     curve = {"no keys": None,
              "client key unknown to the worker": ClientKeys(other.public, other.secret, deployment.server),
@@ -100,3 +104,19 @@ def test_without_the_deployment_keys_nothing_is_read(curve_publisher, keys, who)
     sink, listener = asyncio.run(_listen(curve_publisher, curve, before=5, during_s=1.5))
     assert sink.batches == [] and listener.stats.batches == 0
     assert listener.stats.replays == 0 and listener.stats.replay_failures >= 1
+    assert listener.stats.handshake_failures >= 1
+    [warning] = [r.getMessage() for r in caplog.records if "cannot read KV events" in r.getMessage()]
+    assert hint in warning  # said once, with what to fix
+
+
+def test_router_keys_against_a_plain_publisher_say_so(keys, caplog):
+    pub = sgl.ZmqEventPublisher(attn_dp_rank=0, endpoint="tcp://127.0.0.1:*", replay_endpoint="tcp://127.0.0.1:*",
+                                topic="kv", bind=True)
+    atexit.unregister(pub.shutdown)
+    try:
+        curve = load_client_keys(str(keys / "deployment" / "router"))
+        sink, listener = asyncio.run(_listen(pub, curve, before=1, during_s=0.5))
+    finally:
+        pub.shutdown()
+    assert sink.batches == [] and listener.stats.handshake_failures >= 1
+    assert any("the publisher does not use CURVE" in r.getMessage() for r in caplog.records)
