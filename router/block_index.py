@@ -75,6 +75,10 @@ class BlockIndex:
     def is_committed(self, slot: int, h: int) -> bool:
         return h in self._committed[slot]
 
+    def all_committed(self, slot: int, hashes: Iterable[int]) -> bool:
+        """Whether every hash of ``hashes`` is in the target's committed table."""
+        return self._committed[slot].issuperset(hashes)
+
     # -- pending table (routed requests) -----------------------------------------------------
     def promise(self, slot: int, hashes: Iterable[int]) -> None:
         pending, bit, index = self._pending[slot], 1 << slot, self._index

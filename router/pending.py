@@ -90,7 +90,7 @@ class PendingLedger:
         self._awaiting_store.pop(slot, None)
 
     def _all_stored(self, p: Promise) -> bool:
-        return all(self.index.is_committed(p.slot, k) for k in p.keys)
+        return self.index.all_committed(p.slot, p.keys)
 
     def _retire(self, p: Promise) -> None:
         self.index.retire(p.slot, p.keys)

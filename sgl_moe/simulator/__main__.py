@@ -4,6 +4,8 @@
         --policies all --out sim.json
     python -m sgl_moe.simulator --theta-sweep --workers 8 --requests 100000 --transfer nvlink
     python -m sgl_moe.simulator --compare BENCH.json [--calibration cpu_tiny | calibration.json]
+    python -m sgl_moe.simulator --matrix [--matrix-size smoke] [--scenarios a,b] \\
+        --out benchmarks/results/sim-matrix.json     # also writes sim-matrix.md
 """
 
 from __future__ import annotations
@@ -17,7 +19,9 @@ from pathlib import Path
 
 from sgl_moe.cli_args import add_dataclass_args
 from sgl_moe.simulator.experiments import compare_bench, compare_policies, compare_table, sweep_table, theta_sweep
+from sgl_moe.simulator.matrix import MATRIX_POLICIES, markdown, run_matrix, summary
 from sgl_moe.simulator.report import machine, table
+from sgl_moe.simulator.scenarios import FULL, SMOKE, select
 from sgl_moe.simulator.sglang_router_model import CacheAwareConfig
 from sgl_moe.simulator.simulation import POLICIES, SimConfig
 from sgl_moe.simulator.timing_model import PRESETS, load
@@ -42,6 +46,12 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--theta-factors", type=float, nargs="+", default=[0.125, 0.25, 0.5, 1.0, 2.0, 4.0],
                    help="Θ / Θ* values of the sweep")
     p.add_argument("--compare", type=Path, metavar="BENCH.json", help="simulate the CPU benchmark's stream and compare")
+    p.add_argument("--matrix", action="store_true",
+                   help="the scenario matrix (closed / open 50-80-95%% / bulk; Zipf, uniform, Table-2 mix; KV pools "
+                        "bounded and unbounded), every policy side by side; --out also gets a .md table")
+    p.add_argument("--matrix-size", choices=["full", "smoke"], default="full",
+                   help="full, or smoke: a seconds-long run of every scenario (CI)")
+    p.add_argument("--scenarios", default=None, help="comma-separated matrix scenarios (default: all)")
     p.add_argument("--out", type=Path, help="write the results as JSON")
     add_dataclass_args(p, SimConfig, "", "simulation", exclude=("workers", "policy", "cache_aware"))
     add_dataclass_args(p, CacheAwareConfig, "", "sglang-router cache_aware model")
@@ -52,12 +62,15 @@ def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     try:
         cal = load(args.calibration or ("cpu_tiny" if args.compare else "h100_30b"))
+        if sum((args.matrix, args.theta_sweep, args.compare is not None)) > 1:
+            raise ValueError("choose one of --matrix, --theta-sweep and --compare")
         cache_aware = CacheAwareConfig(**{f.name: getattr(args, f.name) for f in fields(CacheAwareConfig)})
         base = SimConfig(**{f.name: getattr(args, f.name) for f in fields(SimConfig)
                             if f.name not in ("workers", "policy", "cache_aware")}, cache_aware=cache_aware)
         base.validate()
         if any(n < 1 for n in args.workers) or args.requests < 1:
             raise ValueError("--workers and --requests must be positive")
+        scenarios = select(args.scenarios) if args.matrix else ()
         names = WORKLOADS if args.workloads == "mix" else tuple(args.workloads.split(","))
         stream = WorkloadConfig(workloads=names, requests=args.requests, length_scale=args.length_scale,
                                 max_context=args.max_context, seed=args.seed)
@@ -69,7 +82,18 @@ def main(argv: list[str] | None = None) -> int:
     out: dict = {"machine": machine(), "calibration": cal.to_json(), "config": asdict(base),
                  "stream": {"workloads": list(names), "requests": args.requests, "length_scale": args.length_scale,
                             "max_context": args.max_context, "seed": args.seed, "token_ids": args.token_ids}}
-    if args.compare:
+    if args.matrix:
+        policies = MATRIX_POLICIES if "all" in args.policies else tuple(args.policies)
+        sizes = SMOKE if args.matrix_size == "smoke" else FULL
+        entries = run_matrix(cal, base, args.workers, scenarios, policies, sizes, progress)
+        title = (f"Simulated scenario matrix ({cal.name} workers, {args.matrix_size} size, seed {base.seed}; "
+                 f"simulator on {out['machine']['cpus']} CPUs)")
+        text = markdown(entries, title)
+        print(text)
+        out.update(matrix=entries, sizes=asdict(sizes), summary=summary(entries))
+        if args.out:
+            args.out.with_suffix(".md").write_text(text)
+    elif args.compare:
         result = compare_bench(json.loads(args.compare.read_text()), cal, base, progress)
         print(compare_table(result))
         out["compare"] = result
