@@ -46,6 +46,17 @@ class RouterProcess:
         log.close()
         return self
 
+    @property
+    def admin_headers(self) -> dict[str, str]:
+        """The ``Authorization`` header for the admin routes, when the router was given an admin key."""
+        key = os.environ.get("SGL_MOE_ADMIN_API_KEY")
+        for i, arg in enumerate(self.args):
+            if arg == "--admin-api-key" and i + 1 < len(self.args):
+                key = self.args[i + 1]
+            elif arg.startswith("--admin-api-key="):
+                key = arg.split("=", 1)[1]
+        return {"Authorization": f"Bearer {key}"} if key else {}
+
     def log_text(self) -> str:
         try:
             return self.log_path.read_text(errors="replace")
@@ -62,7 +73,7 @@ class RouterProcess:
                     raise RouterStartError(f"router exited with status {self.proc.returncode}; log:\n"
                                            f"{self.log_text()[-3000:]}")
                 try:
-                    workers = client.get(f"{self.url}/workers").json()
+                    workers = client.get(f"{self.url}/workers", headers=self.admin_headers).json()
                     healthy = {w["url"] for w in workers["workers"] if w["state"] == "healthy"}
                     if healthy >= set(self.worker_urls):
                         return workers
