@@ -258,3 +258,49 @@ def test_suspect_list_expires_and_is_bounded():
     for key, t in ((a, 200.0), (b, 201.0), (c, 202.0)):
         suspects.add(key, Suspect("r", "w0", at=t))
     assert len(suspects) == 2 and suspects.find(a, now=203.0) is None
+
+
+# -- slow clients --------------------------------------------------------------------------------------------
+def test_a_slow_request_head_is_cut_off(tmp_path: Path):
+    """``python -m sgl_moe.router`` (no workers): a client that sends its request line and headers one byte at a time
+    is disconnected after ``--header-timeout-s``; a body that does not arrive is answered 408."""
+    import socket
+
+    from sgl_moe.harness.router_process import RouterProcess
+
+    with RouterProcess(log_path=tmp_path / "router.log", worker_urls=[],
+                       args=["--header-timeout-s", "1.5", "--body-timeout-s", "1.5"]).start() as router:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                socket.create_connection((router.host, router.port), timeout=1).close()
+                break
+            except OSError:
+                assert time.monotonic() < deadline, router.log_text()
+                time.sleep(0.2)
+        with socket.create_connection((router.host, router.port), timeout=10) as sock:
+            t0 = time.monotonic()
+            closed_after = None
+            for ch in b"POST /generate HTTP/1.1\r\nHost: x\r\nX-Slow: " + b"a" * 100:
+                try:
+                    sock.sendall(bytes([ch]))
+                    time.sleep(0.1)
+                    sock.setblocking(False)
+                    try:
+                        if sock.recv(1) == b"":
+                            closed_after = time.monotonic() - t0
+                            break
+                    except BlockingIOError:
+                        pass
+                    finally:
+                        sock.setblocking(True)
+                except OSError:
+                    closed_after = time.monotonic() - t0
+                    break
+            assert closed_after is not None and 1.0 < closed_after < 5.0, closed_after
+        with socket.create_connection((router.host, router.port), timeout=10) as sock:
+            sock.sendall(b"POST /generate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                         b"Content-Length: 100\r\n\r\n{\"text\": ")
+            t0 = time.monotonic()
+            answer = sock.recv(4096)
+            assert answer.startswith(b"HTTP/1.1 408") and time.monotonic() - t0 < 5, answer[:200]
