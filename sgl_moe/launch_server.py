@@ -58,6 +58,7 @@ def prepare(argv: ArgvView, moe: MoeArgs, device: str, profile_dir: str | None =
     """Import SGLang, let it parse and check its arguments, and add the sgl_moe routes to its app."""
     from sglang.srt.server_args import prepare_server_args
 
+    from sgl_moe.worker import input_guard
     from sgl_moe.worker.routes import install_routes
 
     args = list(argv)
@@ -70,6 +71,9 @@ def prepare(argv: ArgvView, moe: MoeArgs, device: str, profile_dir: str | None =
     except (ValueError, AssertionError, TypeError) as exc:
         raise LaunchError(f"SGLang rejected the arguments: {str(exc).strip().splitlines()[0]}") from None
     install_routes(server_args, moe, device, profile_dir)
+    from sglang.srt.entrypoints.http_server import app
+
+    input_guard.install(app, server_args.model_path)
     return server_args
 
 

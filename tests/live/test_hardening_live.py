@@ -71,6 +71,20 @@ def test_out_of_vocabulary_and_empty_prompts_are_400_and_both_workers_stay_up(fa
     assert r.status_code == 200, r.text
 
 
+def test_straight_to_a_worker_crashing_inputs_are_400_and_it_stays_up(fault_pair):
+    """Clients that skip the router: the worker's own guard (``worker/input_guard``) refuses what would kill it."""
+    w = fault_pair[0]
+    vocab = w.info["vocab_size"]
+    for path, body in (("/generate", {"text": ""}), ("/generate", {"input_ids": [999_999_999]}),
+                       ("/v1/completions", {"model": w.info["model_name"], "prompt": [vocab]}),
+                       ("/v1/score", {"query": [1], "items": [[vocab]], "label_token_ids": [1]})):
+        r = httpx.post(w.url + path, json=body, timeout=60)
+        assert r.status_code == 400, (path, r.status_code, r.text)
+    assert w.proc.poll() is None and workers_answer([w]) == [200]
+    r = httpx.post(w.url + "/generate", json={"text": "hello", "sampling_params": {"max_new_tokens": 1}}, timeout=120)
+    assert r.status_code == 200, r.text
+
+
 def test_a_50_mb_body_is_413_at_once_and_health_stays_fast(fault_pair, router_factory):
     router = router_factory(fault_pair, "--admin-api-key", ADMIN)
     body = b'{"text": "' + b"a" * (50 * 2**20) + b'"}'
