@@ -67,34 +67,33 @@ def calibrated(layers: list[dict[str, float]], f_ref: float, tokens: int, margin
     )
 
 
-GROWTH_MIN = 0.10
-"""Throughput profile: a batch twice as large must raise FLOPs/s by at least this share to count as growth."""
+KNEE_FRACTION = 0.9
+"""Throughput profile: Θ is the least work in flight that reaches this share of the best FLOPs/s measured."""
 
 
 def from_throughput(points: list[tuple[int, float]], prompt_flops: float, prompt_tokens: int, margin: float,
-                    seconds: float, growth_min: float = GROWTH_MIN) -> SaturationThreshold:
+                    seconds: float, knee: float = KNEE_FRACTION) -> SaturationThreshold:
     """Θ where throughput stops growing: ``points`` are ``(requests in flight, seconds per round of them)``
-    for ``prompt_tokens``-token prompts costing ``prompt_flops`` each, in increasing number in flight.
+    for ``prompt_tokens``-token prompts costing ``prompt_flops`` each.
 
-    The saturation point is the first whose successor raises FLOPs/s by less than ``growth_min`` (the last
-    one profiled if throughput grew all the way); Θ = margin x the FLOPs in flight there. A worker below Θ
-    has idle capacity: more work in flight costs (almost) no time; above it, work only queues."""
+    The saturation point is the fewest requests in flight reaching ``knee`` of the best FLOPs/s of the
+    whole profile (not the first doubling that gains little: a noisy or slowly growing curve would stop
+    too early); Θ = margin x the FLOPs in flight there. A worker below Θ has idle capacity: more work in
+    flight costs (almost) no time; above it, work only queues."""
     if not points:
         raise CalibrationError("the throughput profile measured no batch")
     if any(t <= 0 for _, t in points):
         raise CalibrationError("a profiled batch took no time; cannot form a throughput")
+    points = sorted(points)
     sizes = [b for b, _ in points]
     rates = [b * prompt_flops / t for b, t in points]
-    sat = len(points) - 1
-    for i in range(len(points) - 1):
-        if rates[i + 1] < (1.0 + growth_min) * rates[i]:
-            sat = i
-            break
+    best = max(rates)
+    sat = next(i for i, r in enumerate(rates) if r >= knee * best)
     batch = sizes[sat]
     return SaturationThreshold(
         margin * batch * prompt_flops,
-        f"measured throughput profile: FLOPs/s stops growing by {growth_min:.0%} per doubling at {batch} "
-        f"request(s) of {prompt_tokens} tokens in flight ({rates[sat]:.3g} FLOPs/s); margin {margin} x their FLOPs",
+        f"measured throughput profile: {batch} request(s) of {prompt_tokens} tokens in flight reach "
+        f"{knee:.0%} of the best FLOPs/s ({rates[sat]:.3g} of {best:.3g}); margin {margin} x their FLOPs",
         "calibrated",
         {"margin": margin, "profile_prompt_tokens": prompt_tokens, "batch_sizes": sizes,
          "throughput_flops_per_s": rates, "saturation_batch": batch, "profile_seconds": seconds},

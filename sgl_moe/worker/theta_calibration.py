@@ -124,9 +124,9 @@ class ThroughputCalibrator(Calibrator):
     the server answers ``/health``, c clients (c = 1, 2, 4, ...) each send ``PROFILE_ROUNDS`` one-prompt
     ``/generate`` requests of random token ids (never a cache hit) back to back, so c requests are in
     flight as the router would keep them: SGLang batches them and overlaps its own per-request work
-    (HTTP, tokenizer manager, scheduling) with the forwards. It stops at the first doubling of c that raises
-    FLOPs/s by less than ``saturation.GROWTH_MIN``; Θ is the FLOPs of the c requests in flight there. Then
-    it flushes the prefix cache of the random prompts. A few seconds; a worker given
+    (HTTP, tokenizer manager, scheduling) with the forwards. Θ is the FLOPs of the fewest requests in flight
+    that reach ``saturation.KNEE_FRACTION`` of the best FLOPs/s measured up to ``PROFILE_MAX_CONCURRENCY``.
+    Then it flushes the prefix cache of the random prompts. A few seconds; a worker given
     ``--moe-saturation-flops`` skips it.
     """
 
@@ -167,10 +167,6 @@ class ThroughputCalibrator(Calibrator):
             c = 1
             while c <= PROFILE_MAX_CONCURRENCY:
                 points.append((c, level_seconds(c)))
-                if len(points) >= 2:
-                    (c0, t0), (c1, t1) = points[-2], points[-1]
-                    if c1 / t1 < (1.0 + saturation.GROWTH_MIN) * c0 / t0:
-                        break  # stopped growing: no need to go further
                 c *= 2
             self._flush(deadline)
             self.result = saturation.from_throughput(points, prompt_flops, per_prompt, self.margin,
