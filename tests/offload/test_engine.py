@@ -160,7 +160,8 @@ def test_slow_copy_is_waited_for(stack, store):
 def test_the_slow_copy_test_can_fail(stack, store, monkeypatch):
     """Negative control: with the fence wait bypassed, compute reads slots the slow copy has not filled."""
     monkeypatch.setattr(lanes.ThreadFence, "wait", lambda self: None)
-    engine = OffloadEngine(store, OffloadConfig(execution="exact"), "cpu", copy_delay_s=0.03)
+    # The delay must outlast a layer's compute on a loaded 2-core machine (30 ms can flake there).
+    engine = OffloadEngine(store, OffloadConfig(execution="exact"), "cpu", copy_delay_s=0.3)
     try:
         x, ref, ids, pred = _steps(stack, 2, hit=0.5)[0]
         assert not torch.equal(stack.step(x, engine, predicted=pred)[0], ref)

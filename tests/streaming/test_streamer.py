@@ -75,9 +75,10 @@ def test_slow_copy_never_exposes_a_stale_layer(model, x, reference):
 
 
 def test_the_stale_slot_test_can_fail(model, x, reference, monkeypatch):
-    """Negative control: if acquire did not wait for its fence, the slow copy would leave stale weights."""
+    """Negative control: if acquire did not wait for its fence, the slow copy would leave stale weights.
+    (The delay must outlast layer 0's compute on a loaded 2-core machine: 30 ms was seen to flake.)"""
     monkeypatch.setattr(lanes.ThreadFence, "wait", lambda self: None)
-    s = WeightStreamer(model.store(), StreamConfig(mode="host", window=2), "cpu", copy_delay_s=0.03)
+    s = WeightStreamer(model.store(), StreamConfig(mode="host", window=2), "cpu", copy_delay_s=0.3)
     try:
         assert not torch.equal(model.forward(x, s), reference)
     finally:
