@@ -1,8 +1,8 @@
 """Who may call which route: client key on inference routes, admin key on the routes that change state.
 
 ``--api-key`` guards every inference route; ``--admin-api-key`` guards the worker admin routes (adding and
-removing workers, listing them with their URLs and endpoints) and also opens the inference routes. With no
-key configured a route is open. ``/health`` and ``/metrics`` are always open (load balancers and Prometheus
+removing workers, listing them with their URLs and endpoints) and also opens the inference routes. A route
+whose key is not configured is open (as SGLang's: an admin key alone leaves inference open). ``/health`` and ``/metrics`` are always open (load balancers and Prometheus
 scrape them without secrets, as SGLang's own do). Keys are compared in constant time.
 """
 
@@ -53,9 +53,9 @@ def allowed(level: Level, token: str | None, cfg: RouterConfig) -> bool:
     admin_ok = cfg.admin_api_key is not None and _same(token, cfg.admin_api_key)
     if level == "admin":
         return cfg.admin_api_key is None or admin_ok
-    if cfg.api_key is None and cfg.admin_api_key is None:
+    if cfg.api_key is None:
         return True
-    return admin_ok or (cfg.api_key is not None and _same(token, cfg.api_key))
+    return admin_ok or _same(token, cfg.api_key)
 
 
 def auth_middleware(cfg: RouterConfig) -> Any:
