@@ -12,12 +12,15 @@ from __future__ import annotations
 import json
 import logging
 import random
+import tempfile
 import threading
 import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable
+from contextlib import contextmanager
 from dataclasses import dataclass
+from pathlib import Path
 
 from sgl_moe import saturation
 from sgl_moe.flops import FlopsModel
@@ -116,6 +119,22 @@ PROFILE_ROUNDS = 3
 """Requests each concurrent client sends one after another at each level."""
 
 
+PROFILE_LOCK = Path(tempfile.gettempdir()) / "sgl_moe_theta_profile.lock"
+"""Workers sharing a host profile one at a time (each would otherwise measure the others' profiles)."""
+
+
+@contextmanager
+def _host_profile_lock():
+    import fcntl
+
+    with open(PROFILE_LOCK, "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
 class ThroughputCalibrator(Calibrator):
     """Θ for a worker without weight streaming: the in-flight work where throughput stops growing.
 
@@ -126,7 +145,8 @@ class ThroughputCalibrator(Calibrator):
     flight as the router would keep them: SGLang batches them and overlaps its own per-request work
     (HTTP, tokenizer manager, scheduling) with the forwards. Θ is the FLOPs of the fewest requests in flight
     that reach ``saturation.KNEE_FRACTION`` of the best FLOPs/s measured up to ``PROFILE_MAX_CONCURRENCY``.
-    Then it flushes the prefix cache of the random prompts. A few seconds; a worker given
+    Then it flushes the prefix cache of the random prompts. Workers on one host profile one at a time
+    (``PROFILE_LOCK``), so none measures another's profile. A few seconds; a worker given
     ``--moe-saturation-flops`` skips it.
     """
 
@@ -134,49 +154,54 @@ class ThroughputCalibrator(Calibrator):
         super().__init__(base_url, "", shape, margin, timeout_s)
 
     def _run(self) -> None:
-        from concurrent.futures import ThreadPoolExecutor
-
         deadline = time.monotonic() + self.timeout_s
         try:
             self._wait_healthy(deadline)
-            t_start = time.monotonic()
-            shape = self._shape()
-            per_prompt = max(16, min(PROFILE_PROMPT_TOKENS, shape.step_tokens, shape.context_length - 8))
-            prompt_flops = shape.flops.request_flops(0, per_prompt)
-            rng = random.Random(0)
-            lock = threading.Lock()
-
-            def prompt() -> list[int]:
-                with lock:
-                    return [rng.randrange(16, shape.vocab_size) for _ in range(per_prompt)]
-
-            def client(rounds: int) -> None:
-                for _ in range(rounds):
-                    self._post("/generate", {"input_ids": prompt(), "sampling_params": {"max_new_tokens": 1}},
-                               deadline)
-
-            def level_seconds(c: int) -> float:
-                with ThreadPoolExecutor(c) as pool:
-                    t0 = time.perf_counter()
-                    for f in [pool.submit(client, PROFILE_ROUNDS) for _ in range(c)]:
-                        f.result()
-                    return (time.perf_counter() - t0) / PROFILE_ROUNDS
-
-            client(2)  # warm-up: first-call costs are not throughput
-            points: list[tuple[int, float]] = []
-            c = 1
-            while c <= PROFILE_MAX_CONCURRENCY:
-                points.append((c, level_seconds(c)))
-                c *= 2
-            self._flush(deadline)
-            self.result = saturation.from_throughput(points, prompt_flops, per_prompt, self.margin,
-                                                     time.monotonic() - t_start)
-            log.info("Θ = %.4g FLOPs: %s", self.result.flops, self.result.source)
+            with _host_profile_lock():
+                self._profile(deadline)
         except Exception as exc:  # noqa: BLE001 - a failed profile keeps the fallback and says why
             fallback = self.current()
             why = f"throughput profile failed ({exc}); kept the fallback: {fallback.source}"
             self.result = SaturationThreshold(fallback.flops, why, "failed", fallback.details)
             log.warning("Θ throughput profile failed: %s; keeping the fallback %.4g FLOPs", exc, fallback.flops)
+
+    def _profile(self, deadline: float) -> None:
+        """Time every level of requests in flight, then set ``result`` (the host lock held)."""
+        from concurrent.futures import ThreadPoolExecutor
+
+        t_start = time.monotonic()
+        shape = self._shape()
+        per_prompt = max(16, min(PROFILE_PROMPT_TOKENS, shape.step_tokens, shape.context_length - 8))
+        prompt_flops = shape.flops.request_flops(0, per_prompt)
+        rng = random.Random(0)
+        lock = threading.Lock()
+
+        def prompt() -> list[int]:
+            with lock:
+                return [rng.randrange(16, shape.vocab_size) for _ in range(per_prompt)]
+
+        def client(rounds: int) -> None:
+            for _ in range(rounds):
+                self._post("/generate", {"input_ids": prompt(), "sampling_params": {"max_new_tokens": 1}},
+                           deadline)
+
+        def level_seconds(c: int) -> float:
+            with ThreadPoolExecutor(c) as pool:
+                t0 = time.perf_counter()
+                for f in [pool.submit(client, PROFILE_ROUNDS) for _ in range(c)]:
+                    f.result()
+                return (time.perf_counter() - t0) / PROFILE_ROUNDS
+
+        client(2)  # warm-up: first-call costs are not throughput
+        points: list[tuple[int, float]] = []
+        c = 1
+        while c <= PROFILE_MAX_CONCURRENCY:
+            points.append((c, level_seconds(c)))
+            c *= 2
+        self._flush(deadline)
+        self.result = saturation.from_throughput(points, prompt_flops, per_prompt, self.margin,
+                                                 time.monotonic() - t_start)
+        log.info("Θ = %.4g FLOPs: %s", self.result.flops, self.result.source)
 
     def _flush(self, deadline: float) -> None:
         """Drop the profile's random prompts from the prefix cache (SGLang refuses while requests run)."""

@@ -43,12 +43,13 @@ def test_saturation_is_the_fewest_in_flight_reaching_the_knee_of_the_best_throug
 
 
 class _StandIn(BaseHTTPRequestHandler):
-    """A request takes 40 ms x max(1, n / 4) with n requests in flight: throughput grows up to 4 in flight,
-    then is flat (a worker whose batches stop paying beyond 4 requests)."""
+    """A worker with 4 slots: a request holds one for 80 ms, more wait. Throughput grows up to 4 requests in
+    flight, then is flat."""
 
     seen: list[str] = []
     inflight = 0
     lock = threading.Lock()
+    slots = threading.Semaphore(4)
 
     def log_message(self, *args) -> None:
         pass
@@ -64,9 +65,9 @@ class _StandIn(BaseHTTPRequestHandler):
             assert len(body["input_ids"]) == 256 and isinstance(body["input_ids"][0], int)
             with _StandIn.lock:
                 _StandIn.inflight += 1
-                n = _StandIn.inflight
-                self.seen.append(f"generate {n}")
-            time.sleep(0.04 * max(1.0, n / 4))
+                self.seen.append(f"generate {_StandIn.inflight}")
+            with _StandIn.slots:
+                time.sleep(0.08)
             with _StandIn.lock:
                 _StandIn.inflight -= 1
         else:
