@@ -7,11 +7,23 @@ after a synchronize, take medians. Torch only.
 
 from __future__ import annotations
 
+import os
 import statistics
 import warnings
 from collections.abc import Callable
 
 import torch
+
+TEST_DEVICE_ENV = "SGL_MOE_GPU_TEST_DEVICE"
+
+
+def gpu_test_device() -> str:
+    """The device of the ``gpu``-marked tests: ``cuda``; ``SGL_MOE_GPU_TEST_DEVICE=cpu`` runs their
+    device-independent cases on the CPU (a dry run of the tests' code, used by the smoke suite)."""
+    device = os.environ.get(TEST_DEVICE_ENV, "cuda")
+    if device not in ("cuda", "cpu"):
+        raise ValueError(f"{TEST_DEVICE_ENV} must be cuda or cpu, got {device!r}")
+    return device
 
 
 def event() -> torch.cuda.Event:

@@ -15,8 +15,6 @@
 
 from __future__ import annotations
 
-import os
-
 import pytest
 import torch
 
@@ -24,10 +22,11 @@ from sgl_moe.offload import OffloadConfig, OffloadEngine
 from sgl_moe.offload import engine as engine_module
 from sgl_moe.offload.decode_stack import DecodeStack, synthetic_predictions
 from sgl_moe.offload.engine import read_ids
+from sgl_moe.streaming.gpu_timing import gpu_test_device
 from sgl_moe.streaming.moe_math import _use_grouped
 from sgl_moe.streaming.moe_stack import MoEStackConfig
 
-DEVICE = os.environ.get("SGL_MOE_GPU_TEST_DEVICE", "cuda")
+DEVICE = gpu_test_device()
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(DEVICE == "cuda" and not torch.cuda.is_available(), reason="needs a CUDA device")]
 cuda_only = pytest.mark.skipif(DEVICE != "cuda", reason="CUDA streams, events and sync counting")

@@ -13,7 +13,6 @@ the CPU's, so its output is compared with the sequential placement run the same 
 from __future__ import annotations
 
 import dataclasses
-import os
 
 import pytest
 import torch
@@ -23,9 +22,10 @@ from sgl_moe.overlap.costs import CostModel
 from sgl_moe.overlap.engine import DualBatchRunner
 from sgl_moe.overlap.layers import DecodeLayers, PrefillLayers
 from sgl_moe.overlap.solver import Solver
+from sgl_moe.streaming.gpu_timing import gpu_test_device
 from sgl_moe.streaming.moe_stack import MoEStack, MoEStackConfig
 
-DEVICE = os.environ.get("SGL_MOE_GPU_TEST_DEVICE", "cuda")
+DEVICE = gpu_test_device()
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(DEVICE == "cuda" and not torch.cuda.is_available(), reason="needs a CUDA device")]
 MODEL = CostModel(attn_alpha=1e-5, attn_beta=1e-7, attn_gamma=1e-6, moe_alpha=1e-5, moe_beta=1e-5)

@@ -13,17 +13,16 @@ where no GPU is lent; the smoke suite does that).
 
 from __future__ import annotations
 
-import os
-
 import pytest
 import torch
 
 from sgl_moe.streaming import StreamConfig, WeightStreamer
 from sgl_moe.streaming import streamer as streamer_module
+from sgl_moe.streaming.gpu_timing import gpu_test_device
 from sgl_moe.streaming.moe_math import _use_grouped, experts_forward, route
 from sgl_moe.streaming.moe_stack import MoEStack, MoEStackConfig
 
-DEVICE = os.environ.get("SGL_MOE_GPU_TEST_DEVICE", "cuda")
+DEVICE = gpu_test_device()
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(DEVICE == "cuda" and not torch.cuda.is_available(), reason="needs a CUDA device")]
 cuda_only = pytest.mark.skipif(DEVICE != "cuda", reason="CUDA streams and events")
