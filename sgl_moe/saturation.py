@@ -69,6 +69,9 @@ def calibrated(layers: list[dict[str, float]], f_ref: float, tokens: int, margin
 
 KNEE_FRACTION = 0.9
 """Throughput profile: Θ is the least work in flight that reaches this share of the best FLOPs/s measured."""
+MONOTONE_SLACK = 0.7
+"""Throughput profile: a level slower than this share of a level with fewer in flight means the timings
+measured something else (other processes on the host); the profile is refused (the fallback stays)."""
 
 
 def from_throughput(points: list[tuple[int, float]], prompt_flops: float, prompt_tokens: int, margin: float,
@@ -88,6 +91,11 @@ def from_throughput(points: list[tuple[int, float]], prompt_flops: float, prompt
     sizes = [b for b, _ in points]
     rates = [b * prompt_flops / t for b, t in points]
     best = max(rates)
+    for i in range(1, len(rates)):  # more work in flight never makes a server much slower: noise, not a knee
+        if rates[i] < MONOTONE_SLACK * max(rates[:i]):
+            raise CalibrationError(
+                f"the profile is not monotone ({sizes[i]} in flight ran at {rates[i]:.3g} FLOPs/s, below "
+                f"{MONOTONE_SLACK:.0%} of {max(rates[:i]):.3g} with fewer): the host's other load, not the worker")
     sat = next(i for i, r in enumerate(rates) if r >= knee * best)
     batch = sizes[sat]
     return SaturationThreshold(
