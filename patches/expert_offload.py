@@ -28,7 +28,7 @@ from pathlib import Path
 import torch
 
 from sgl_moe.offload.config import OffloadConfig
-from sgl_moe.offload.engine import OffloadEngine
+from sgl_moe.offload.engine import OffloadEngine, read_ids
 from sgl_moe.offload.resident import choose_resident
 from sgl_moe.patches import expert_streaming, runtime_env
 from sgl_moe.patches.runtime_env import RuntimeConfig
@@ -131,15 +131,17 @@ class OffloadedExperts:
             # d_l uses layer l's own routing (its router always runs; seed 003 Algorithm 1, line 7). The ids go
             # to the host before acquire: after it the compute stream waits on the copy, and a read would block.
             p_weights, p_ids = self.predictor.predict(index, residual, topk.topk_weights, topk.topk_ids)
-            predicted = (p_weights, p_ids.cpu())
+            predicted = (p_weights, p_ids)
             self._predicted[index + 1] = (p_weights, p_ids)
+        # One device->host read per layer: the ids acquire maps and the predicted ids, in one copy.
+        host_ids, p_host = read_ids(ids, predicted[1]) if predicted is not None else (read_ids(ids)[0], None)
         misses, hits = self.engine.stats.misses, self.engine.stats.hits
-        buffer, slots = self.engine.acquire(index, ids)
+        buffer, slots = self.engine.acquire(index, ids, host_ids=host_ids)
         if index > 0 and self._decode_mode:  # decode steps; layer 0 has nothing predicted, loads what it routes
             self._counts["misses_after_layer0"] += self.engine.stats.misses - misses
             self._counts["hits_after_layer0"] += self.engine.stats.hits - hits
-        if predicted is not None:
-            self.engine.prefetch(index + 1, predicted[1])
+        if p_host is not None:
+            self.engine.prefetch(index + 1, p_host)
         layer.w13_weight.data = buffer.w13
         layer.w2_weight.data = buffer.w2
         routed = type(topk)(weights.to(topk.topk_weights.dtype), slots.to(topk.topk_ids.dtype), topk.router_logits)
