@@ -14,7 +14,7 @@ import argparse
 import json
 import sys
 import time
-from dataclasses import asdict, fields
+from dataclasses import asdict, fields, replace
 from pathlib import Path
 
 from sgl_moe.cli_args import add_dataclass_args
@@ -52,6 +52,10 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--matrix-size", choices=["full", "smoke"], default="full",
                    help="full, or smoke: a seconds-long run of every scenario (CI)")
     p.add_argument("--scenarios", default=None, help="comma-separated matrix scenarios (default: all)")
+    p.add_argument("--matrix-requests-per-worker", type=int, default=None,
+                   help="requests of a matrix scenario per worker (default: the size's)")
+    p.add_argument("--matrix-min-requests", type=int, default=None,
+                   help="requests of a matrix scenario at least (default: the size's)")
     p.add_argument("--out", type=Path, help="write the results as JSON")
     add_dataclass_args(p, SimConfig, "", "simulation", exclude=("workers", "policy", "cache_aware"))
     add_dataclass_args(p, CacheAwareConfig, "", "sglang-router cache_aware model")
@@ -68,8 +72,9 @@ def main(argv: list[str] | None = None) -> int:
         base = SimConfig(**{f.name: getattr(args, f.name) for f in fields(SimConfig)
                             if f.name not in ("workers", "policy", "cache_aware")}, cache_aware=cache_aware)
         base.validate()
-        if any(n < 1 for n in args.workers) or args.requests < 1:
-            raise ValueError("--workers and --requests must be positive")
+        if any(n < 1 for n in args.workers) or args.requests < 1 or any(
+                x is not None and x < 1 for x in (args.matrix_requests_per_worker, args.matrix_min_requests)):
+            raise ValueError("--workers, --requests and the matrix sizes must be positive")
         scenarios = select(args.scenarios) if args.matrix else ()
         names = WORKLOADS if args.workloads == "mix" else tuple(args.workloads.split(","))
         stream = WorkloadConfig(workloads=names, requests=args.requests, length_scale=args.length_scale,
@@ -85,14 +90,22 @@ def main(argv: list[str] | None = None) -> int:
     if args.matrix:
         policies = MATRIX_POLICIES if "all" in args.policies else tuple(args.policies)
         sizes = SMOKE if args.matrix_size == "smoke" else FULL
-        entries = run_matrix(cal, base, args.workers, scenarios, policies, sizes, progress)
-        title = (f"Simulated scenario matrix ({cal.name} workers, {args.matrix_size} size, seed {base.seed}; "
-                 f"simulator on {out['machine']['cpus']} CPUs)")
-        text = markdown(entries, title)
-        print(text)
-        out.update(matrix=entries, sizes=asdict(sizes), summary=summary(entries))
-        if args.out:
-            args.out.with_suffix(".md").write_text(text)
+        if args.matrix_requests_per_worker is not None:
+            sizes = replace(sizes, requests_per_worker=args.matrix_requests_per_worker)
+        if args.matrix_min_requests is not None:
+            sizes = replace(sizes, min_requests=args.matrix_min_requests)
+        title = (f"Simulated scenario matrix ({cal.name} workers, {sizes.requests_per_worker} requests per worker "
+                 f"(at least {sizes.min_requests}), seed {base.seed}; simulator on {out['machine']['cpus']} CPUs)")
+
+        def write(entries: list) -> None:
+            out.update(matrix=entries, sizes=asdict(sizes), summary=summary(entries),
+                       wall_seconds=time.time() - t0)
+            if args.out:
+                args.out.write_text(json.dumps(out, indent=2, default=str))
+                args.out.with_suffix(".md").write_text(markdown(entries, title))
+
+        entries = run_matrix(cal, base, args.workers, scenarios, policies, sizes, progress, write)
+        print(markdown(entries, title))
     elif args.compare:
         result = compare_bench(json.loads(args.compare.read_text()), cal, base, progress)
         print(compare_table(result))

@@ -96,9 +96,12 @@ def add_ratios(rows: list[dict[str, Any]]) -> None:
 
 def run_matrix(cal: Calibration, base: SimConfig, workers: Sequence[int], scenarios: Sequence[Scenario],
                policies: Sequence[str] = MATRIX_POLICIES, sizes: Sizes = FULL,
-               progress: Progress = lambda s: None) -> list[dict[str, Any]]:
-    """One entry per (worker count, scenario): its description, sizes and one row per policy."""
-    out = []
+               progress: Progress = lambda s: None,
+               done: Callable[[list[dict[str, Any]]], None] = lambda entries: None) -> list[dict[str, Any]]:
+    """One entry per (worker count, scenario): its description, sizes and one row per policy. ``done`` is
+    called with the entries so far after each scenario (the CLI rewrites its files: a long run keeps what
+    it finished)."""
+    out: list[dict[str, Any]] = []
     for n in workers:
         streams: dict[str, Any] = {}
         capacity: dict[str, float] = {}
@@ -129,6 +132,7 @@ def run_matrix(cal: Calibration, base: SimConfig, workers: Sequence[int], scenar
             if scn.arrival == "open":
                 entry["rate_rps"] = scn.load * capacity[scn.capacity_from]
             out.append(entry)
+            done(out)
     return out
 
 
