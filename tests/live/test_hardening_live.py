@@ -92,6 +92,7 @@ def test_a_50_mb_body_is_413_at_once_and_health_stays_fast(fault_pair, router_fa
     r = httpx.post(router.url + "/generate", content=body, headers={"content-type": "application/json"}, timeout=60)
     elapsed = time.perf_counter() - t0
     assert r.status_code == 413 and elapsed < 1.0, (r.status_code, elapsed)
+    print(f"\n50 MB body: {r.status_code} in {elapsed:.3f} s")
 
     # A large body under the limit (3.9 MB of text, tokenized before its token count is refused): /health and
     # /metrics answer while it is tokenized.
@@ -113,6 +114,7 @@ def test_a_50_mb_body_is_413_at_once_and_health_stays_fast(fault_pair, router_fa
     thread.join()
     assert result["status"] == 400  # more than --max-request-tokens
     assert health_s < 0.5 < result["s"], (health_s, result)
+    print(f"3.9 MB text: {result['status']} after {result['s']:.2f} s; /health + /metrics took {health_s:.3f} s")
 
 
 def test_admin_routes_need_the_key_and_the_same_worker_under_another_url_is_refused(fault_pair, router_factory):
