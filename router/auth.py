@@ -2,8 +2,9 @@
 
 ``--api-key`` guards every inference route; ``--admin-api-key`` guards the worker admin routes (adding and
 removing workers, listing them with their URLs and endpoints) and also opens the inference routes. A route
-whose key is not configured is open (as SGLang's: an admin key alone leaves inference open). ``/health`` and ``/metrics`` are always open (load balancers and Prometheus
-scrape them without secrets, as SGLang's own do). Keys are compared in constant time.
+whose key is not configured is open (as SGLang's: an admin key alone leaves inference open). ``/health`` and
+``/metrics`` are always open (load balancers and Prometheus scrape them without secrets, as SGLang's own do).
+Keys are compared in constant time.
 """
 
 from __future__ import annotations
