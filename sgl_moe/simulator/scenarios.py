@@ -5,9 +5,9 @@ on the same units (the simulator's counterpart of ``policy_bench``'s matrix, sca
 
 * **stream**: shared prefixes (``prefix_units``) with Zipf or uniform group popularity, or the Table-2 mix
   (``sgl_moe.workloads``);
-* **pool**: ``bounded``: each worker's KV pool is the calibration's, and the distinct prefixes fill three
-  such pools, so one worker cannot hold them and placement decides the reuse (the mix keeps the
-  calibration's pool); ``unbounded``: pools never evict;
+* **pool**: ``bounded``: each worker's KV pool is ``Sizes.pool_tokens`` and the distinct prefixes fill
+  three such pools, so one worker cannot hold them and placement decides the reuse (the Table-2 mix gets
+  the same pool); ``unbounded``: pools never evict;
 * **arrival**: ``closed`` (a few clients per worker, each sends its next request when answered), ``open``
   (Poisson at a fraction of the capacity, the best req/s of the bulk scenario of the same stream and pool,
   so the bulk scenario runs first), ``bulk`` (everything offered at t=0: a deep backlog).
@@ -39,8 +39,9 @@ class Sizes:
     """Closed loop: requests in flight per worker ("a few clients")."""
     mix_length_scale: float = 8.0
     """Table-2 mix: divide context lengths by this (the simulator's default)."""
-    pool_tokens: int | None = None
-    """A bounded worker's KV pool; None: the calibration's."""
+    pool_tokens: int | None = 36864
+    """A bounded worker's KV pool (room for 18 prefixes: the distinct prefixes fill 3 pools, so a worker
+    shown every prefix evicts, while the prefixes split over the workers fit); None: the calibration's."""
 
     def requests(self, workers: int) -> int:
         return max(self.min_requests, self.requests_per_worker * workers)
