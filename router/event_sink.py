@@ -13,6 +13,7 @@ import time
 from collections.abc import Callable
 from urllib.parse import urlsplit
 
+from sgl_moe.kv_event_keys import ClientKeys
 from sgl_moe.router.block_index import BlockIndex
 from sgl_moe.router.event_listener import EventListener, EventSource
 from sgl_moe.router.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, EventBatch
@@ -26,13 +27,16 @@ class KvEventSink:
     """Starts and stops the workers' event listeners and applies what they deliver (``EventSink``)."""
 
     def __init__(self, workers: dict[str, Worker], index: BlockIndex, ledger: PendingLedger,
-                 on_change: Callable[[], None], drop_seqs: frozenset[int] = frozenset()) -> None:
+                 on_change: Callable[[], None], drop_seqs: frozenset[int] = frozenset(),
+                 curve: ClientKeys | None = None) -> None:
         self.workers = workers
         """The pool's own dict (shared, never copied): events of a removed worker are ignored."""
         self.index = index
         self.ledger = ledger
         self.on_change = on_change
         self.drop_seqs = drop_seqs
+        self.curve = curve
+        """The router's CURVE keys (``--kv-events-keys``) for every listener; None: plain ZMQ."""
 
     def attach(self, worker: Worker) -> None:
         """Start a listener for each KV-event endpoint the worker publishes."""
@@ -41,7 +45,7 @@ class KvEventSink:
                                  endpoint=event_endpoint(e.endpoint, worker.url),
                                  replay_endpoint=event_endpoint(e.replay_endpoint, worker.url)
                                  if e.replay_endpoint else None, topic=e.topic or "")
-            listener = EventListener(source, self, drop_seqs=self.drop_seqs)
+            listener = EventListener(source, self, drop_seqs=self.drop_seqs, curve=self.curve)
             worker.listeners.append(listener)
             worker.tasks.append(asyncio.create_task(listener.run(), name=f"events-{worker.id}-{source.dp_rank}"))
         if not worker.info.kv_events:

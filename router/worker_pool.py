@@ -16,6 +16,7 @@ from dataclasses import replace
 
 import aiohttp
 
+from sgl_moe.kv_event_keys import load_client_keys
 from sgl_moe.router.block_index import BlockIndex
 from sgl_moe.router.config import RouterConfig
 from sgl_moe.router.discovery import Discovery, check_compatible
@@ -51,7 +52,8 @@ class WorkerPool:
         """Plain SGLang workers: their info built from SGLang's endpoints and the router's flags."""
         self.discovery = Discovery(session, self.plain)
         self.health = HealthMonitor(self, self.discovery)
-        self.events = KvEventSink(self.workers, index, ledger, on_change, cfg.drop_seqs())
+        curve = load_client_keys(cfg.kv_events_keys) if cfg.kv_events_keys else None  # checked by cfg.validate
+        self.events = KvEventSink(self.workers, index, ledger, on_change, cfg.drop_seqs(), curve)
         self.limits = RequestLimits(cfg.max_prompts, cfg.max_request_tokens)
         """What one request may ask for (``request_limits``): the flags, and the model's shape once known."""
         self._reference: WorkerInfo | None = None

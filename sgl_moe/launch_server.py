@@ -103,7 +103,7 @@ def main(argv: list[str] | None = None) -> int:
         moe.validate()
         sglang_argv = ArgvView(sglang_args)
         check_values(sglang_argv)
-        sglang_argv = with_defaults(sglang_argv)
+        sglang_argv = with_defaults(sglang_argv, moe)
         preflight(sglang_argv)
         plan, sglang_argv = apply_platform(sglang_argv)
         profile_dir = export_runtime(sglang_argv, moe, plan.cpu_engine)

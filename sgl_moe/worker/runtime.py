@@ -46,6 +46,8 @@ def export_runtime(argv: ArgvView, moe: MoeArgs, cpu_engine: bool) -> str | None
     if moe.dual_batch != "off" and not moe.streaming:
         return export_dual_batch(argv, moe, cpu_engine)
     if not moe.streaming:
+        if moe.kv_events_keys is not None:  # the CURVE KV-event publisher reads its keys in the scheduler
+            RuntimeConfig(moe).export()
         return None
     what = "--moe-expert-offload" if moe.expert_offload else f"--moe-weight-streaming {moe.weight_streaming}"
     if not cpu_engine and not argv.has("--disable-cuda-graph"):
