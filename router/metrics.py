@@ -76,6 +76,8 @@ class _StateCollector:
                          "publisher restart)", w_labels)
         lag = gauge("kv_event_lag_seconds", "Age of the last KV event batch when it was received", w_labels)
         restarts = counter("worker_restarts", "Worker restarts detected (new instance id)", w_labels)
+        handshakes = counter("kv_event_handshake_failures", "KV-event connections the worker and the router could "
+                             "not agree on (CURVE keys, mechanism)", w_labels)
         for w in pool.workers.values():
             lab = [w.id, w.url]
             healthy.add_metric(lab, 1.0 if w.state == "healthy" else 0.0)
@@ -100,8 +102,9 @@ class _StateCollector:
             resets.add_metric(lab, w.counters.table_resets)
             lag.add_metric(lab, max((x.stats.last_lag_s for x in w.listeners), default=0.0))
             restarts.add_metric(lab, w.counters.restarts)
+            handshakes.add_metric(lab, sum(x.stats.handshake_failures for x in w.listeners))
         yield from (healthy, committed, pending, inflight, theta, inflight_req, routed, predicted, reported, ev,
-                    gaps, replays, replay_fail, resets, lag, restarts)
+                    gaps, replays, replay_fail, resets, lag, restarts, handshakes)
         depth = gauge("queue_depth", "Requests waiting for admission")
         depth.add_metric([], len(sched.queue))
         yield depth
