@@ -37,13 +37,22 @@ from sgl_moe.router.job import Job, Placement
 from sgl_moe.router.load_order import LoadOrder
 from sgl_moe.router.pending import PendingLedger
 from sgl_moe.router.policy import DEFERRED, PlacementPolicy
-from sgl_moe.router.worker import Worker
+from sgl_moe.router.worker import PINNED_THETA_SOURCE, Worker
 from sgl_moe.router.worker_pool import WorkerPool
 
 log = logging.getLogger("sgl_moe.router.decisions")
 
 PUMP_SCAN_LIMIT = 256
 """Queued requests re-scored per pump; those behind wait for the next one."""
+
+
+MEASURED_THETA_STATES = frozenset({"calibrated", "manual"})
+"""Saturation states whose Θ marks where throughput stops growing (profiled, or set by the operator)."""
+
+
+def theta_is_measured(w: Worker) -> bool:
+    """Whether ``w``'s Θ is a measurement (or pinned by the router's --saturation-flops), not a placeholder."""
+    return w.theta_source == PINNED_THETA_SOURCE or w.info.saturation.state in MEASURED_THETA_STATES
 
 
 class QueueFull(Exception):
@@ -309,7 +318,9 @@ class Scheduler:
         The wait is taken only when it pays: a worker below Θ even after computing the promised blocks
         again (the duplicate) runs it in the same batch at no cost in throughput (Θ is where throughput
         stops growing with more work), so the request goes now, its reservation the duplicate's full cost;
-        only when the duplicate would push the worker past Θ does the request wait for the blocks.
+        only when the duplicate would push the worker past Θ does the request wait for the blocks. That
+        room is known only for a measured (or pinned) Θ: under the placeholder Θ of a worker that did not
+        profile (one 4,096-token step, far above a CPU worker's knee) the request always waits.
         """
         cfg = self.cfg
         if cfg.policy != "longest_block_match" or cfg.prefix_wait_s <= 0 or not job.keys or not c.matched_blocks:
@@ -319,7 +330,7 @@ class Scheduler:
         if promised_tokens < max(cfg.prefix_wait_min_tokens, 1):
             return c
         w = c.worker
-        if len(job.prompt_lens) == 1:
+        if len(job.prompt_lens) == 1 and theta_is_measured(w):
             n = job.prompt_lens[0]
             dup_cached = min(committed * w.page_size, ((n - 1) // w.page_size) * w.page_size)
             dup_cost = job_cost(w, job, [dup_cached])

@@ -23,7 +23,10 @@ from sgl_moe.wire import SaturationInfo, WorkerInfo
 FLOPS = FlopsModel(linear_flops_per_token=1000.0, attn_flops_per_pair=10.0, lm_head_flops_per_token=100.0,
                    num_layers=2, num_moe_layers=2)
 PAGE = 16
-INFO = WorkerInfo(model_name="test", page_size=PAGE, flops=FLOPS, saturation=SaturationInfo(1.0, "test", "fixed"))
+INFO = WorkerInfo(model_name="test", page_size=PAGE, flops=FLOPS,
+                  saturation=SaturationInfo(1.0, "test profile", "calibrated"))
+PLACEHOLDER = WorkerInfo(model_name="test", page_size=PAGE, flops=FLOPS,
+                         saturation=SaturationInfo(1.0, "one 4096-token step", "fixed"))
 
 
 class Pool:
@@ -88,6 +91,15 @@ def test_no_hold_for_promised_blocks_when_the_worker_has_room_for_the_duplicate(
     # Reserved at what the worker really computes: the promised prefix again, not the reuse.
     assert b.cost == FLOPS.request_flops(0, 9 * PAGE + 1) and b.predicted_cached_tokens == 0
     assert "same batch" in b.reason
+
+
+def test_placeholder_theta_says_nothing_about_room_so_the_request_waits():
+    sched, pool, index, _ = make(n=2, theta=1e7, prefix_wait_min_tokens=PAGE)
+    for w in pool.workers.values():
+        w.info = PLACEHOLDER  # a worker that did not profile: its Θ is one 4,096-token step
+    a = sched.try_place(job("a", range(1, 9)))
+    assert sched.try_place(job("b", [*range(1, 9), 50])) is None and sched.stats.prefix_waits == 1
+    assert a.worker.admissible
 
 
 def test_hold_for_promised_blocks_when_the_duplicate_would_pass_theta():
