@@ -86,6 +86,9 @@ class RouterConfig:
     health_failures: int = 3
     """Consecutive failed health checks that take a worker out of rotation (a refused connection during a
     request takes it out at once)."""
+    health_stall_s: float = 60.0
+    """A worker with requests in flight whose health probes fail stays in rotation while it made progress (an
+    answer, KV events) within this many seconds; a refused connection takes it out at once."""
     request_timeout_s: float = 600.0
     """Longest a worker may take to answer one request."""
     log_level: Literal["debug", "info", "warning", "error"] = "info"
@@ -116,6 +119,7 @@ class RouterConfig:
             if getattr(self, name) < 1:
                 raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
         for name in ("queue_timeout_s", "pending_ttl_s", "health_interval_s", "health_timeout_s", "request_timeout_s",
+                     "health_stall_s",
                      "header_timeout_s", "body_timeout_s", "suspect_ttl_s"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"--{name.replace('_', '-')} must be positive, got {getattr(self, name)}")

@@ -41,8 +41,8 @@ class HealthMonitor:
 
     async def check(self, worker: Worker) -> None:
         """One probe. Refused: out of rotation at once (the process is gone). Timed out or failing: counts toward
-        ``--health-failures`` only when the worker showed no progress (an answer, KV events) since the probe
-        began — SGLang's ``/health`` waits for the scheduler, so a busy worker answers it late."""
+        ``--health-failures`` only when the worker is not ``busy`` — SGLang's ``/health`` waits for the
+        scheduler, so a busy worker answers it late."""
         pool = self.pool
         started = time.monotonic()
         refused = False
@@ -67,15 +67,25 @@ class HealthMonitor:
             worker.last_error = reason
             pool.mark_unhealthy(worker, reason)
             return
-        if worker.state == HEALTHY and worker.last_progress >= started - pool.cfg.health_interval_s:
+        if worker.state == HEALTHY and self.busy(worker, started):
             worker.health_failures = 0
             self.busy_probes += 1
-            log.debug("worker %s: %s, but it is making progress (busy, not dead)", worker.id, reason)
+            log.debug("worker %s: %s, but it is busy, not dead (%d requests in flight, last progress %.1f s ago)",
+                      worker.id, reason, worker.inflight_requests, time.monotonic() - worker.last_progress)
             return
         worker.health_failures += 1
         worker.last_error = reason
         if worker.state == HEALTHY and worker.health_failures >= pool.cfg.health_failures:
             pool.mark_unhealthy(worker, reason)
+
+    def busy(self, worker: Worker, started: float) -> bool:
+        """A probe that failed (not refused) says nothing against a worker that made progress since just before
+        it, or that has requests in flight and made progress within ``--health-stall-s`` (one long batch on a
+        loaded CPU can take longer than a probe interval without finishing anything)."""
+        cfg = self.pool.cfg
+        if worker.last_progress >= started - cfg.health_interval_s:
+            return True
+        return worker.inflight_requests > 0 and time.monotonic() - worker.last_progress < cfg.health_stall_s
 
     async def refresh_theta(self, worker: Worker) -> None:
         """The worker was still calibrating Θ when added: re-read its info until the calibrated value arrives."""

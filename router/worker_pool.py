@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Callable
 from dataclasses import replace
 
@@ -107,6 +108,7 @@ class WorkerPool:
             learned = self.plain.learned_about(url, info)
             self.check_new_instance(url, info)  # again: another URL of the same worker may have joined meanwhile
             worker = self.admit(url, info, learned=learned)
+            worker.last_progress = time.monotonic()  # it just answered
             self.limits = replace(self.limits, vocab_size=self._reference.vocab_size,
                                   hidden_size=self._reference.hidden_size,
                                   chars_per_token=self.tokenizer.max_token_chars)

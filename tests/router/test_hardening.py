@@ -304,3 +304,58 @@ def test_a_slow_request_head_is_cut_off(tmp_path: Path):
             t0 = time.monotonic()
             answer = sock.recv(4096)
             assert answer.startswith(b"HTTP/1.1 408") and time.monotonic() - t0 < 5, answer[:200]
+
+
+# -- health: busy is not dead ------------------------------------------------------------------------------------
+class _Probe:
+    """``Discovery.get`` stand-in: every probe fails with ``exc``."""
+
+    def __init__(self, exc: BaseException) -> None:
+        self.exc = exc
+
+    async def get(self, url: str, timeout: float = 10.0):
+        raise self.exc
+
+
+class _Pool:
+    def __init__(self, worker: Any) -> None:
+        self.cfg = RouterConfig(health_failures=2, health_interval_s=1.0, health_stall_s=30.0)
+        self.workers = {worker.id: worker}
+        self.out: list[str] = []
+
+    def mark_unhealthy(self, worker: Any, reason: str) -> None:
+        worker.state = "unhealthy"
+        self.out.append(reason)
+
+
+def _health_worker(inflight: int, progress_age_s: float) -> Any:
+    from types import SimpleNamespace
+
+    return SimpleNamespace(id="w0", url="http://w0", state="healthy", health_failures=0, last_error=None,
+                           inflight_requests=inflight, last_progress=time.monotonic() - progress_age_s)
+
+
+@pytest.mark.parametrize(("inflight", "age", "exc", "out_after"), [
+    (4, 10.0, TimeoutError(), None),  # busy: requests in flight, progress 10 s ago
+    (4, 0.0, TimeoutError(), None),  # progress just now
+    (0, 10.0, TimeoutError(), 2),  # idle and silent: out after --health-failures probes
+    (4, 60.0, TimeoutError(), 2),  # in flight but stalled past --health-stall-s
+    (4, 0.0, "refused", 1),  # the process is gone: out at once, busy or not
+])
+def test_health_tells_busy_from_dead(inflight: int, age: float, exc: Any, out_after: int | None):
+    import aiohttp
+
+    from sgl_moe.router.health import HealthMonitor
+
+    if exc == "refused":
+        exc = aiohttp.ClientConnectorError(None, OSError(111, "Connection refused"))  # type: ignore[arg-type]
+    worker = _health_worker(inflight, age)
+    pool = _Pool(worker)
+    monitor = HealthMonitor(pool, _Probe(exc))  # type: ignore[arg-type]
+    out_at = None
+    for probe in range(1, 4):
+        asyncio.run(monitor.check(worker))
+        if worker.state != "healthy":
+            out_at = probe
+            break
+    assert out_at == out_after, (worker.state, pool.out)
