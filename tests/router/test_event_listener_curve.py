@@ -105,8 +105,9 @@ def test_without_the_deployment_keys_nothing_is_read(curve_publisher, keys, who,
     assert sink.batches == [] and listener.stats.batches == 0
     assert listener.stats.replays == 0 and listener.stats.replay_failures >= 1
     assert listener.stats.handshake_failures >= 1
-    [warning] = [r.getMessage() for r in caplog.records if "cannot read KV events" in r.getMessage()]
-    assert hint in warning  # said once, with what to fix
+    warnings = [r.getMessage() for r in caplog.records if "cannot read KV events" in r.getMessage()]
+    # said once per kind of failed handshake (ZeroMQ may report a refusal as more than one kind), with what to fix
+    assert any(hint in w for w in warnings) and len(warnings) == len(set(warnings)), warnings
 
 
 def test_router_keys_against_a_plain_publisher_say_so(keys, caplog):
@@ -115,7 +116,7 @@ def test_router_keys_against_a_plain_publisher_say_so(keys, caplog):
     atexit.unregister(pub.shutdown)
     try:
         curve = load_client_keys(str(keys / "deployment" / "router"))
-        sink, listener = asyncio.run(_listen(pub, curve, before=1, during_s=0.5))
+        sink, listener = asyncio.run(_listen(pub, curve, before=1, during_s=2.0))  # a loaded CI machine is slow
     finally:
         pub.shutdown()
     assert sink.batches == [] and listener.stats.handshake_failures >= 1
