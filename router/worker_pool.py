@@ -100,8 +100,8 @@ class WorkerPool:
                 if exc.status == 502 or not exc.sglang:
                     raise NotAWorker(exc.status, exc.message) from None
                 raise
-            self.check_new_instance(url, info)
             check_compatible(url, info, self._reference)
+            self.check_new_instance(url, info)
             if self.tokenizer is None:
                 self.tokenizer = await self.discovery.fetch_tokenizer(url, info)
             check = await self.verify_tokenizer(url, self.tokenizer)
