@@ -26,10 +26,10 @@ class DirtySink(Protocol):
 class Certificate:
     """Why a queued job's last scoring still holds (see the module docstring)."""
 
-    __slots__ = ("job", "view", "waits_for", "ahead", "expires", "threshold", "clean", "owner")
+    __slots__ = ("job", "view", "waits_for", "ahead", "expires", "threshold", "clean", "owner", "deferred")
 
     def __init__(self, owner: DirtySink, job: Job, view: LoadOrder, waits_for: str, ahead: float | None,
-                 expires: float, threshold: float | None) -> None:
+                 expires: float, threshold: float | None, deferred: bool = False) -> None:
         self.owner = owner
         self.job = job
         self.view = view
@@ -40,6 +40,10 @@ class Certificate:
         """The earliest time a time test it went through can flip (a little early, to be safe)."""
         self.threshold = threshold
         """Rule 5: in-flight FLOPs below which a worker without a match may beat waiting (else None)."""
+        self.deferred = deferred
+        """The job's spill was deferred (first pass of a pump): this vouches only that its best worker, still
+        saturated, and its cost there are unchanged, so a first pass leaves the job as it is (waiting for that
+        worker at that cost) whether it would defer its spill again or wait; not whether it would spill."""
         self.clean = True
 
     def dirty(self) -> None:

@@ -2,7 +2,8 @@
 
 Every mutation bumps a version, stamps the slot it touched, breaks the certificates of queued jobs that
 watch a mutated block (``watch``) and calls ``on_touch`` with the slot. ``match_groups`` is remembered
-per hash list while no target its answer depends on was mutated.
+per hash list until a table gains or loses one of the blocks its answer read (the leading blocks up to
+the first that no target held any more, or all of them).
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ from sgl_moe.simulator.certificate import Certificate
 
 MATCH_MEMO = 16384
 """Hash lists whose match is remembered (the memo is emptied when full)."""
+MATCH_READS = 1 << 22
+"""Remembered (block, hash list) dependencies at which the memo is emptied (stale ones pile up)."""
 
 
 class LoggedBlockIndex(BlockIndex):
@@ -31,7 +34,11 @@ class LoggedBlockIndex(BlockIndex):
         """Block hash -> queued jobs whose certificate breaks when any table gains or loses it."""
         self.certificates: dict[Job, Certificate | None] = {}
         """Queued job -> its certificate (None: its last scoring gave none); written by the MemoScheduler."""
-        self._matches: dict[int, tuple[Sequence[int], int, int, list[tuple[int, int]], int]] = {}
+        self._matches: dict[int, tuple[Sequence[int], int, list[tuple[int, int]]]] = {}
+        """id(hash list) -> (the list, the slot mask asked, the answer)."""
+        self._readers: dict[int, set[int]] = {}
+        """Block hash -> ids of the hash lists whose remembered answer read it."""
+        self._reads = 0
 
     def changed_since(self, version: int, mask: int) -> bool:
         """Whether any target in ``mask`` was mutated after ``version``."""
@@ -44,27 +51,48 @@ class LoggedBlockIndex(BlockIndex):
         return False
 
     def match_groups(self, hashes: Sequence[int], slots_mask: int) -> list[tuple[int, int]]:
-        """``BlockIndex.match_groups``, remembered per hash list while no target it depends on (those that
-        matched, those holding the first block) is mutated: queued jobs are matched again and again."""
+        """``BlockIndex.match_groups``, remembered per hash list until a table gains or loses a block the answer
+        read: queued jobs are matched again and again.
+
+        The scan reads blocks until no target is left: up to the longest match and the block after it."""
         if not hashes:
             return []
         key = id(hashes)
         hit = self._matches.get(key)
-        if hit is not None and hit[0] is hashes and hit[1] == slots_mask and (
-                hit[2] == self.version or not self.changed_since(hit[2], hit[4] | self.holders(hashes[0]))):
-            return hit[3]
+        if hit is not None and hit[0] is hashes and hit[1] == slots_mask:
+            return hit[2]
         groups = super().match_groups(hashes, slots_mask)
-        matched = 0
-        for _, mask in groups:
-            matched |= mask
-        if len(self._matches) >= MATCH_MEMO:
-            self._matches.clear()
-        self._matches[key] = (hashes, slots_mask, self.version, groups, matched)
+        if len(self._matches) >= MATCH_MEMO or self._reads >= MATCH_READS:
+            self._forget_matches()
+        self._matches[key] = (hashes, slots_mask, groups)
+        readers = self._readers
+        read = hashes[:groups[0][0] + 1] if groups else hashes[:1]
+        self._reads += len(read)
+        for h in read:
+            ids = readers.get(h)
+            if ids is None:
+                readers[h] = {key}
+            else:
+                ids.add(key)
         return groups
+
+    def _forget_matches(self) -> None:
+        self._matches.clear()
+        self._readers.clear()
+        self._reads = 0
 
     def _touched(self, slot: int, hashes: list[int] | None = None) -> None:
         self.version += 1
         self.stamp[slot] = self.version
+        if hashes is None:
+            self._forget_matches()
+        elif self._readers:
+            pop, matches = self._readers.pop, self._matches
+            for h in hashes:
+                ids = pop(h, None)
+                if ids:
+                    for key in ids:
+                        matches.pop(key, None)
         watch = self.watch
         if hashes and watch:
             get, certificate = watch.get, self.certificates.get
@@ -107,8 +135,16 @@ class LoggedBlockIndex(BlockIndex):
     def clear_committed(self, slot: int) -> int:
         n = super().clear_committed(slot)
         self._touched(slot)
+        self._dirty_all()
         return n
 
     def remove_target(self, slot: int) -> None:
         super().remove_target(slot)
         self._touched(slot)
+        self._dirty_all()
+
+    def _dirty_all(self) -> None:
+        """A mutation whose hashes are not listed (rare): every certificate that watches blocks breaks."""
+        for c in list(self.certificates.values()):
+            if c is not None:
+                c.dirty()

@@ -19,10 +19,17 @@ answer depends on; events that touch any of it mark the certificate dirty as the
   had room, on no worker without a match becoming cheaper than waiting (``inflight + cost <
   wait_finish``, the router's spill test).
 
-A job whose spill the policy deferred (the first pass of ``Scheduler.pump``) gets no certificate.
+* **Deferred** (the first pass of ``Scheduler.pump`` deferred its spill): a first pass leaves such a job
+  exactly as a wait does (waiting for its best worker at its cost there); only whether the pass deferred
+  a spill (and so makes a second pass) differs. The certificate vouches for the best worker and its cost
+  alone: the loads of the deepest-matching workers (all saturated) and the job's first blocks in every
+  table. A first pass scores such jobs only until one of them defers again (then the second pass is
+  decided); a second pass scores them all (they may spill).
+
 ``pump`` then makes the router's two passes, each visiting only the jobs of its scan window that are
-new, dirty, or past a time limit, in queue order, with the same room test, window and running sums as
-``Scheduler.pump``: every other job would be scored "still waiting" and change nothing. Everything else
+new, dirty, or past a time limit (and the deferred ones, as above), in queue order, with the same room
+test, window and running sums as ``Scheduler.pump``: every other job would be scored "still waiting" and
+change nothing. Everything else
 is the router's code; ``tests/simulator`` checks that runs with and without the memo place alike.
 """
 
@@ -34,10 +41,11 @@ import itertools
 from sgl_moe.router.candidates import job_cost
 from sgl_moe.router.job import Job, Placement
 from sgl_moe.router.load_order import LoadOrder
-from sgl_moe.router.scheduler import PUMP_SCAN_LIMIT, Scheduler
+from sgl_moe.router.scheduler import PUMP_SCAN_LIMIT, Scheduler, theta_is_measured
 from sgl_moe.router.worker import Worker
 from sgl_moe.simulator.certificate import Certificate, QueueLog, RunningSums, break_slots, uses_ahead, watch_slots
 from sgl_moe.simulator.logged_index import LoggedBlockIndex
+from sgl_moe.simulator.spill_rule import spill_penalty
 
 COLLECT_AT = 65536
 """Watch-list size at which certificates that no longer hold are dropped."""
@@ -70,6 +78,11 @@ class MemoScheduler(Scheduler):
         """Slot -> certificates broken by any change to that target's tables."""
         self._on_load: dict[int, list[Certificate]] = {}
         """Slot -> certificates broken by any change to that worker's in-flight FLOPs."""
+        self._on_release: dict[int, list[Certificate]] = {}
+        """Slot -> certificates broken when that worker's in-flight FLOPs drop."""
+        self._on_hold_end: dict[int, list[tuple[Certificate, float]]] = {}
+        """Slot -> (certificate of a job held there, FLOPs of computing its promised blocks again): broken
+        when that worker gets light enough for the duplicate to stay below Θ (the hold ends)."""
         self._on_heavier: dict[int, list[tuple[Certificate, float]]] = {}
         """Slot -> (certificate, lightest load of the others matching as deep): broken when that worker,
         the certificate's best, gets as heavy (or reaches Θ)."""
@@ -81,6 +94,8 @@ class MemoScheduler(Scheduler):
         self._pumped_view: LoadOrder | None = None
         self._watched: dict[Job, int] = {}
         """Queued job -> how many of its leading blocks are in the index's watch lists."""
+        self._deferred: set[Job] = set()
+        """Queued jobs whose last scoring deferred their spill and gave them a certificate."""
         if memo:
             self.queue = QueueLog(self.mark_dirty)
         index = self.index
@@ -88,6 +103,9 @@ class MemoScheduler(Scheduler):
             raise TypeError("MemoScheduler needs a LoggedBlockIndex")
         index.on_touch = lambda slot: break_slots(self._on_index, slot)
         self._certs = index.certificates
+        first = next(iter(self.pool.workers.values()), None)
+        self._spill_k = spill_penalty(self.cfg, first.info) if memo and first is not None else None
+        """The spill test's penalty (``spill_rule``); None: rule-5 jobs get no certificate."""
 
     # -- what can break a certificate -----------------------------------------------------------
     def reserved(self, placement: Placement) -> None:
@@ -113,6 +131,18 @@ class MemoScheduler(Scheduler):
             after = w.inflight_flops - placement.cost if w.inflight_requests > 1 else 0.0
             for slot in w.slots.values():
                 break_slots(self._on_load, slot)
+                break_slots(self._on_release, slot)
+                held = self._on_hold_end.get(slot)
+                if held:  # jobs held there: the router's test, ``inflight + duplicate <= Θ`` ends the hold
+                    limit = w.theta * (1 + 1e-9) + 1.0
+                    keep = []
+                    for c, dup in held:
+                        if c.clean:
+                            if after + dup <= limit:
+                                c.dirty()
+                            else:
+                                keep.append((c, dup))
+                    self._on_hold_end[slot] = keep
                 watching = self._on_lighter.get(slot)
                 if watching:  # held jobs whose best may now be this worker instead
                     keep = []
@@ -144,28 +174,32 @@ class MemoScheduler(Scheduler):
             self._pumped_view = view
             dirty.update(self.queue)
             self._last_dirty = INF
-        if not dirty:
+        if not dirty and not self._deferred:
             self.quiet_pumps += 1
             return  # every job it would scan would be scored "still waiting"
         queue, certs = self.queue, self._certs
         number = queue.number
         if len(dirty) <= 32:
-            self._last_dirty = max(number.get(job, INF) for job in dirty)
+            self._last_dirty = max((number.get(job, INF) for job in dirty), default=0)
         # ``Scheduler.pump``'s two passes: the first with spills deferred; the second, when the first deferred
         # a spill and some worker still has room, lets deferred jobs spill into it.
         policy = self.policy
         policy.defer_spills = True
         try:
-            again = self._pass(queue, dirty, certs, number)
+            again = self._pass(queue, dirty, certs, number, first=True)
         finally:
             policy.defer_spills = False
         if again:
-            self._pass(queue, dirty, certs, number)
+            self._pass(queue, dirty, certs, number, first=False)
 
-    def _pass(self, queue: QueueLog, dirty: set[Job], certs: dict, number: dict[Job, int]) -> bool:
+    def _pass(self, queue: QueueLog, dirty: set[Job], certs: dict, number: dict[Job, int], *, first: bool) -> bool:
         """One pass over the scan window in queue order, as ``Scheduler.pump`` makes one, scoring only dirty
         jobs and stopping after the last dirty one (``_last_dirty``: no dirty job has a higher number).
         True when the policy deferred a spill and some worker has room (``Scheduler.pump``'s second pass).
+
+        Jobs with a deferred certificate are scored too: by the second pass (they may spill), and by the
+        first until one of them defers again (``need_deferred``); after that, whether the others would defer
+        or wait changes neither them nor the pass.
 
         ``changed``: workers whose running sum changed at a scored job: a job behind it that waits for one
         of them and whose answer used the sum must be scored too."""
@@ -176,19 +210,27 @@ class MemoScheduler(Scheduler):
         outer, self.ahead = self.ahead, ahead
         room: bool | None = None
         deferred = False
+        need_deferred = bool(self._deferred)
+        last_deferred = max((number[job] for job in self._deferred), default=0)
         window = itertools.islice(queue, PUMP_SCAN_LIMIT)
         try:
             for job in window:
                 if job not in dirty:
-                    if not changed:
-                        if number[job] > self._last_dirty:
-                            break  # no dirty job behind
+                    c = certs.get(job)
+                    if c is not None and c.deferred and c.clean:
+                        if not need_deferred:
+                            passed.append(job)
+                            continue
+                    elif not changed:
+                        if number[job] > self._last_dirty and (not need_deferred or number[job] > last_deferred):
+                            break  # no dirty job behind (nor a deferred one to score)
                         passed.append(job)
                         continue
-                    if job.waiting_for not in changed or not uses_ahead(certs.get(job)):
+                    elif job.waiting_for not in changed or not uses_ahead(c):
                         passed.append(job)
                         continue
-                    self.mark_dirty(job)
+                    else:
+                        self.mark_dirty(job)
                 if room is None:
                     room = self.any_admissible()
                 if not room:
@@ -210,7 +252,10 @@ class MemoScheduler(Scheduler):
                     continue
                 if self.last_deferred:  # its spill waits for the second pass (or the next pump)
                     deferred = True
-                    self.mark_dirty(job)
+                    if first:
+                        need_deferred = False
+                    if certs.get(job) is None:
+                        self.mark_dirty(job)
                 if (job.waiting_for, job.waiting_cost) != before:
                     changed.update(w for w in (before[0], job.waiting_for) if w is not None)
                 passed.append(job)
@@ -235,7 +280,7 @@ class MemoScheduler(Scheduler):
 
     def try_place(self, job: Job) -> Placement | None:
         c = self._certs.get(job)
-        if (c is not None and c.clean and self.ahead is not None and self.clock() < c.expires
+        if (c is not None and c.clean and not c.deferred and self.ahead is not None and self.clock() < c.expires
                 and self.view is c.view and (c.ahead is None or self.ahead.get(c.waits_for, 0.0) == c.ahead)):
             self.skipped += 1
             return None
@@ -244,10 +289,14 @@ class MemoScheduler(Scheduler):
         if c is not None:
             c.clean = False  # superseded (not dirty: it was just scored)
         if placement is None:
-            # A deferred spill is no certificate: the second pass (or the next pump) places it.
-            self._certs[job] = self._certify(job) if self.memo and not self.last_deferred else None
+            cert = self._certs[job] = self._certify(job, self.last_deferred) if self.memo else None
+            if cert is not None and cert.deferred:
+                self._deferred.add(job)
+            else:
+                self._deferred.discard(job)
         else:
             self._certs.pop(job, None)
+            self._deferred.discard(job)
             self._unwatch(job)
         return placement
 
@@ -275,7 +324,7 @@ class MemoScheduler(Scheduler):
                     if not jobs:
                         del watch[h]
 
-    def _certify(self, job: Job) -> Certificate | None:
+    def _certify(self, job: Job, deferred: bool) -> Certificate | None:
         cfg = self.cfg
         if (cfg.policy != "longest_block_match" or job.waiting_for is None or self.ahead is None
                 or job.exclude or len(job.keys) != 1 or not job.keys[0] or self.scan_all):
@@ -290,19 +339,34 @@ class MemoScheduler(Scheduler):
         now = self.clock()
         expires = float("inf")
         # The prefix wait counts from arrival; the affinity wait from when the job first chose to wait.
-        for start, limit in ((job.wait_started, cfg.max_affinity_wait_s), (job.arrived, cfg.prefix_wait_s)):
+        # (The router may fix the affinity limit per job when the wait starts: ``Job.wait_limit_s``.)
+        wait_limit = getattr(job, "wait_limit_s", None)
+        if wait_limit is None:
+            wait_limit = cfg.max_affinity_wait_s
+        for start, limit in ((job.wait_started, wait_limit), (job.arrived, cfg.prefix_wait_s)):
             if start is not None and now - start < limit:
                 expires = min(expires, start + limit - 1e-6 * max(1.0, abs(start + limit)))
         seq = next(self._seq)
         top_blocks, top = groups[0]
         best = view.best_in(top, admissible=False)
+        if deferred:
+            if best is None or best.admissible or best.id != job.waiting_for:
+                return None
+            # The best stays the best, at the same cost, while the deepest-matching workers (all saturated:
+            # the best is the lightest of them) keep their loads and no table gains or loses one of the first
+            # ``top_blocks + 1`` blocks; the time limits only make a spill more due.
+            c = Certificate(self, job, view, job.waiting_for, None, INF, None, deferred=True)
+            self._watch_blocks(job, top_blocks + 1)
+            watch_slots(self._on_load, top, c)
+            self._collect()
+            return c
         if best is not None and best.admissible and best.id == job.waiting_for:
             # Held on its best worker (the policy reserves the best when it has room; None = held).
             c = Certificate(self, job, view, job.waiting_for, None, expires, None)
             self._watch_blocks(job, top_blocks + 1)
             best_slot = best.slots[0] if 0 in best.slots else min(best.slots.values())
+            runner_up = INF
             if top & (top - 1):  # several workers match deepest: the lightest of them is the best
-                runner_up = float("inf")
                 m = top & ~(1 << best_slot)
                 while m:
                     low = m & -m
@@ -310,10 +374,15 @@ class MemoScheduler(Scheduler):
                     runner_up = min(runner_up, view.owner[slot].inflight_flops)
                     self._on_lighter.setdefault(slot, []).append((c, best))
                     m ^= low
-                self._on_heavier.setdefault(best_slot, []).append((c, runner_up))
-            # Held only while recomputing the promised blocks there would pass Θ: any change of the best's
-            # load may end the hold (and reaching Θ changes the answer too).
-            self._on_load.setdefault(best_slot, []).append(c)
+            # Held only while recomputing the promised blocks there would pass Θ (a measured Θ; otherwise
+            # always): a lighter best may end the hold; a heavier one keeps it until it reaches Θ (or the
+            # lightest other deepest match).
+            self._on_heavier.setdefault(best_slot, []).append((c, runner_up))
+            if len(job.prompt_lens) == 1 and theta_is_measured(best):
+                page, n = best.page_size, job.prompt_lens[0]
+                committed = self.index.committed_prefix(best_slot, keys[:top_blocks])
+                dup = job_cost(best, job, [min(committed * page, ((n - 1) // page) * page)])
+                self._on_hold_end.setdefault(best_slot, []).append((c, dup))
         else:
             matched = 0
             for _, mask in groups:
@@ -330,18 +399,50 @@ class MemoScheduler(Scheduler):
             ahead = self.ahead.get(job.waiting_for, 0.0)
             threshold = None
             if not room_in_matched:
+                if self._spill_k is None:
+                    return None
                 waits_for = self.pool.workers[job.waiting_for]
-                threshold = waits_for.inflight_flops + ahead + job.waiting_cost - job_cost(waits_for, job, [0])
+                free = job_cost(waits_for, job, [0])
+                threshold = (waits_for.inflight_flops + ahead + job.waiting_cost - free
+                             - self._spill_k * max(0.0, free - job.waiting_cost))
             c = Certificate(self, job, view, job.waiting_for, ahead, expires, threshold)
-            watch_slots(self._on_load, matched, c)
-            watch_slots(self._on_index, matched, c)
-            self._watch_blocks(job, 1)
+            if best is not None and best.id == job.waiting_for and not best.admissible:
+                self._watch_waiting(c, groups, view, room_in_matched)
+            else:  # held on the worker it would spill to: every matched worker's load and tables
+                watch_slots(self._on_load, matched, c)
+                watch_slots(self._on_index, matched, c)
+                self._watch_blocks(job, 1)
             if threshold is not None:
                 heapq.heappush(self._pool, (-threshold, seq, c))
         if expires != float("inf"):
             heapq.heappush(self._expiry, (expires, seq, c))
         self._collect()
         return c
+
+    def _watch_waiting(self, c: Certificate, groups: list[tuple[int, int]], view: LoadOrder,
+                       room_in_matched: bool) -> None:
+        """What a job waiting for its saturated best depends on, besides the queued cost ahead and time.
+
+        Every worker's match moves only when a table gains or loses one of the job's first ``top + 1``
+        blocks (watched). The best, and its cost, stay while the deepest-matching workers (all saturated)
+        keep their loads. The spill target is the deepest-matching worker with room, the lightest of its
+        group; the spill's finish only grows with its load, so the answer stands until that worker reaches
+        Θ, or a worker matching as deep or deeper gets lighter (it may take its place). With no room among
+        the matched workers the spill target is the lightest worker without a match: rule 5 (``threshold``)
+        and any matched worker getting lighter."""
+        top_blocks, top = groups[0]
+        self._watch_blocks(c.job, top_blocks + 1)
+        watch_slots(self._on_load, top, c)
+        lighter = 0
+        for _, mask in groups[1:]:
+            lighter |= mask
+            if room_in_matched:
+                alt = view.best_in(mask, admissible=True)
+                if alt is not None:
+                    slot = alt.slots[0] if 0 in alt.slots else min(alt.slots.values())
+                    self._on_heavier.setdefault(slot, []).append((c, INF))
+                    break
+        watch_slots(self._on_release, lighter, c)
 
     def _collect(self) -> None:
         """Drop certificates that no longer hold from the watch lists once they pile up."""
