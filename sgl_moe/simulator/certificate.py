@@ -3,13 +3,16 @@
 ``Certificate``: the facts a ``longest_block_match`` job's "still waiting" answer depended on; an event
 that touches any of them makes it dirty, which puts the job back among those the next pump scores.
 ``QueueLog``: the scheduler's queue, numbering jobs as they are appended (queue order = number order).
-``RunningSums``: the queued waiting cost ahead per worker during one pump (``Scheduler.pump``'s sums).
+``Waiters``: queued jobs by the worker they wait for, in queue order: the queued waiting cost ahead of any
+job for any worker (``Scheduler.pump``'s running sums) without passing the jobs in between.
 """
 
 from __future__ import annotations
 
+from bisect import bisect_left, insort
 from collections import deque
 from collections.abc import Callable
+from operator import itemgetter
 from typing import Protocol
 
 from sgl_moe.router.job import Job
@@ -46,6 +49,14 @@ class Certificate:
         worker at that cost) whether it would defer its spill again or wait; not whether it would spill."""
         self.clean = True
 
+    @property
+    def kind(self) -> str:
+        if self.deferred:
+            return "deferred"
+        if self.ahead is None:
+            return "held"
+        return "rule5" if self.threshold is not None else "waiting"
+
     def dirty(self) -> None:
         if self.clean:
             self.clean = False
@@ -54,9 +65,10 @@ class Certificate:
 
 class QueueLog(deque):
     """The scheduler's queue. Numbers each job as it is appended (``number``): jobs only ever join at the
-    end, so queue order is number order. A job appended into the scan window is new to the memo."""
+    end, so queue order is number order. ``on_append(job, in_window)`` learns of each: a job appended into
+    the scan window is new to the memo."""
 
-    def __init__(self, on_append: Callable[[Job], None]) -> None:
+    def __init__(self, on_append: Callable[[Job, bool], None]) -> None:
         super().__init__()
         self._on_append = on_append
         self.number: dict[Job, int] = {}
@@ -67,33 +79,73 @@ class QueueLog(deque):
         super().append(job)
         self._next += 1
         self.number[job] = self._next
-        if len(self) <= PUMP_SCAN_LIMIT:
-            self._on_append(job)
+        self._on_append(job, len(self) <= PUMP_SCAN_LIMIT)
 
     def forget(self, job: Job) -> None:
         self.number.pop(job, None)
 
 
-class RunningSums:
-    """``Scheduler.pump``'s running sums of the waiting costs of the jobs a pump passed and kept, per
-    worker, added up in queue order when first asked for (what ``AheadCosts.get`` answers)."""
+_number = itemgetter(0)
 
-    __slots__ = ("passed", "sums", "added")
 
-    def __init__(self) -> None:
-        self.passed: list[Job] = []
-        """Jobs the pump passed and kept, in queue order (their waits are final for this pump)."""
-        self.sums: dict[str, float] = {}
-        self.added = 0
+class Waiters:
+    """Queued jobs that wait for a worker, per worker, in queue order (``(number, job)``).
+
+    During a pump every queued job's ``waiting_for`` is its answer of this pump (scored, or vouched for),
+    and placed jobs are dropped at once, so the sum of the waiting costs of the jobs ahead of ``job`` is
+    ``Scheduler.pump``'s running sum when it reaches ``job`` (``AheadCosts.get``), added in the same order.
+    """
+
+    __slots__ = ("by_worker", "number", "job")
+
+    def __init__(self, number: dict[Job, int]) -> None:
+        self.by_worker: dict[str, list[tuple[int, Job]]] = {}
+        self.number = number
+        """The queue's numbers (``QueueLog.number``)."""
+        self.job: Job | None = None
+        """The job the pump is at (``get`` sums what is ahead of it)."""
+
+    def moved(self, job: Job, before: str | None) -> None:
+        """``job`` waited for ``before`` and now waits for ``job.waiting_for`` (either may be None)."""
+        n = self.number.get(job)
+        if n is None or before == job.waiting_for:
+            return
+        if before is not None:
+            self._remove(before, n)
+        if job.waiting_for is not None:
+            insort(self.by_worker.setdefault(job.waiting_for, []), (n, job), key=_number)
+
+    def left(self, job: Job, before: str | None) -> None:
+        """``job``, which waited for ``before``, left the queue."""
+        n = self.number.get(job)
+        if n is not None and before is not None:
+            self._remove(before, n)
+
+    def behind(self, worker_id: str, n: int) -> list[Job]:
+        """Jobs after number ``n`` that wait for the worker."""
+        jobs = self.by_worker.get(worker_id)
+        if not jobs:
+            return []
+        return [job for _, job in jobs[bisect_left(jobs, n + 1, key=_number):]]
 
     def get(self, worker_id: str, default: float = 0.0, /) -> float:
-        passed, sums = self.passed, self.sums
-        for i in range(self.added, len(passed)):
-            job = passed[i]
-            if job.waiting_for is not None:
-                sums[job.waiting_for] = sums.get(job.waiting_for, 0.0) + job.waiting_cost
-        self.added = len(passed)
-        return sums.get(worker_id, default)
+        jobs = self.by_worker.get(worker_id)
+        if not jobs:
+            return default
+        n = self.number[self.job]
+        total: float | None = None
+        for m, job in jobs:
+            if m >= n:
+                break
+            total = job.waiting_cost if total is None else total + job.waiting_cost
+        return default if total is None else total
+
+    def _remove(self, worker_id: str, n: int) -> None:
+        jobs = self.by_worker[worker_id]
+        i = bisect_left(jobs, n, key=_number)
+        if i == len(jobs) or jobs[i][0] != n:
+            raise RuntimeError(f"queued job {n} is not listed as waiting for {worker_id}")
+        del jobs[i]
 
 
 def watch_slots(lists: dict[int, list[Certificate]], mask: int, c: Certificate) -> None:

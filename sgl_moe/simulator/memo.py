@@ -37,14 +37,16 @@ from __future__ import annotations
 
 import heapq
 import itertools
+from collections import Counter
 
 from sgl_moe.router.candidates import job_cost
 from sgl_moe.router.job import Job, Placement
 from sgl_moe.router.load_order import LoadOrder
 from sgl_moe.router.scheduler import PUMP_SCAN_LIMIT, Scheduler, theta_is_measured
 from sgl_moe.router.worker import Worker
-from sgl_moe.simulator.certificate import Certificate, QueueLog, RunningSums, break_slots, uses_ahead, watch_slots
+from sgl_moe.simulator.certificate import Certificate, QueueLog, Waiters, break_slots, uses_ahead, watch_slots
 from sgl_moe.simulator.logged_index import LoggedBlockIndex
+from sgl_moe.simulator.room import RoomList
 from sgl_moe.simulator.spill_rule import spill_penalty
 
 COLLECT_AT = 65536
@@ -69,10 +71,16 @@ class MemoScheduler(Scheduler):
         self.skipped = 0
         self.scored = 0
         self.quiet_pumps = 0
+        self.certified: Counter[str] = Counter()
+        """Certificates given, by kind (deferred, held, waiting, rule5, other): what tests check was exercised."""
         self._dirty: set[Job] = set()
         """Queued jobs to score at the next pump (new, or their certificate broke)."""
-        self._last_dirty: float = 0
-        """No job in ``_dirty`` has a higher queue number (an upper bound)."""
+        self._visit: list[tuple[int, Job]] | None = None
+        """During a pass: the queue numbers of the jobs still to visit (a heap)."""
+        self._at = 0
+        """During a pass: the queue number of the job last scored."""
+        self._window_end: float = INF
+        """During a pass: the queue number of the last job of its scan window."""
         self._expiry: list[tuple[float, int, Certificate]] = []
         self._on_index: dict[int, list[Certificate]] = {}
         """Slot -> certificates broken by any change to that target's tables."""
@@ -97,19 +105,39 @@ class MemoScheduler(Scheduler):
         self._deferred: set[Job] = set()
         """Queued jobs whose last scoring deferred their spill and gave them a certificate."""
         if memo:
-            self.queue = QueueLog(self.mark_dirty)
+            self.queue = QueueLog(self._appended)
+        self._waiters = Waiters(self.queue.number if memo else {})
         index = self.index
         if not isinstance(index, LoggedBlockIndex):
             raise TypeError("MemoScheduler needs a LoggedBlockIndex")
         index.on_touch = lambda slot: break_slots(self._on_index, slot)
         self._certs = index.certificates
+        self.room: RoomList | None = None
+        """Round robin's candidates (``room``), handed to the policy in place of the whole pool."""
+        if self.cfg.policy == "round_robin":
+            self.room = RoomList(self.policy, self.pool.routable())
+            self.policy.next_round_robin = self.room.next_round_robin
+        self._seen_routable: list[Worker] | None = None
+        self._seen_view: LoadOrder | None = None
         first = next(iter(self.pool.workers.values()), None)
         self._spill_k = spill_penalty(self.cfg, first.info) if memo and first is not None else None
         """The spill test's penalty (``spill_rule``); None: rule-5 jobs get no certificate."""
 
     # -- what can break a certificate -----------------------------------------------------------
+    def uniform_view(self, workers: list[Worker]) -> LoadOrder | None:
+        """``Scheduler.uniform_view`` without comparing every worker each time: the simulator's routable list is
+        one list object that never changes (``SimPool.routable``), so the same object means the same view."""
+        view = self._seen_view
+        if workers is self._seen_routable and view is not None and view is self.view and not view.stale:
+            return view if view.uniform else None
+        found = super().uniform_view(workers)
+        self._seen_routable, self._seen_view = workers, self.view
+        return found
+
     def reserved(self, placement: Placement) -> None:
         w = placement.worker
+        if self.room is not None:
+            self.room.reserved(w)
         full = not w.admissible
         load = w.inflight_flops
         for slot in w.slots.values():
@@ -128,6 +156,8 @@ class MemoScheduler(Scheduler):
     def release(self, placement: Placement, *, ok: bool) -> None:
         if not placement.released:
             w = placement.worker
+            if self.room is not None:
+                self.room.released(w)
             after = w.inflight_flops - placement.cost if w.inflight_requests > 1 else 0.0
             for slot in w.slots.values():
                 break_slots(self._on_load, slot)
@@ -173,82 +203,68 @@ class MemoScheduler(Scheduler):
         if view is not self._pumped_view:
             self._pumped_view = view
             dirty.update(self.queue)
-            self._last_dirty = INF
         if not dirty and not self._deferred:
             self.quiet_pumps += 1
             return  # every job it would scan would be scored "still waiting"
-        queue, certs = self.queue, self._certs
-        number = queue.number
-        if len(dirty) <= 32:
-            self._last_dirty = max((number.get(job, INF) for job in dirty), default=0)
         # ``Scheduler.pump``'s two passes: the first with spills deferred; the second, when the first deferred
         # a spill and some worker still has room, lets deferred jobs spill into it.
         policy = self.policy
         policy.defer_spills = True
         try:
-            again = self._pass(queue, dirty, certs, number, first=True)
+            again = self._pass(first=True)
         finally:
             policy.defer_spills = False
         if again:
-            self._pass(queue, dirty, certs, number, first=False)
+            self._pass(first=False)
 
-    def _pass(self, queue: QueueLog, dirty: set[Job], certs: dict, number: dict[Job, int], *, first: bool) -> bool:
-        """One pass over the scan window in queue order, as ``Scheduler.pump`` makes one, scoring only dirty
-        jobs and stopping after the last dirty one (``_last_dirty``: no dirty job has a higher number).
-        True when the policy deferred a spill and some worker has room (``Scheduler.pump``'s second pass).
+    def _pass(self, *, first: bool) -> bool:
+        """One pass over the scan window in queue order, as ``Scheduler.pump`` makes one, visiting only the jobs
+        to score (``_visit``, a heap by queue number): the dirty ones, and those whose waiting cost ahead
+        changed at a scored job (``_sum_changed``). True when the policy deferred a spill and some worker has
+        room (``Scheduler.pump``'s second pass).
 
         Jobs with a deferred certificate are scored too: by the second pass (they may spill), and by the
         first until one of them defers again (``need_deferred``); after that, whether the others would defer
-        or wait changes neither them nor the pass.
-
-        ``changed``: workers whose running sum changed at a scored job: a job behind it that waits for one
-        of them and whose answer used the sum must be scored too."""
-        placed: set[Job] = set()
-        ahead = RunningSums()
-        passed = ahead.passed
-        changed: set[str] = set()
-        outer, self.ahead = self.ahead, ahead
+        or wait changes neither them nor the pass."""
+        queue, dirty, certs, number = self.queue, self._dirty, self._certs, self.queue.number
+        self._window_end = number[queue[PUMP_SCAN_LIMIT - 1]] if len(queue) >= PUMP_SCAN_LIMIT else INF
+        end = self._window_end
+        deferred_jobs = self._deferred
+        need_deferred = bool(deferred_jobs)
+        visit = [(n, job) for job in dirty if (n := number.get(job, INF)) <= end]
+        visit += [(number[job], job) for job in deferred_jobs]
+        heapq.heapify(visit)
+        self._visit, self._at = visit, 0
+        placed: list[Job] = []
+        waiters = self._waiters
+        outer, self.ahead = self.ahead, waiters
         room: bool | None = None
         deferred = False
-        need_deferred = bool(self._deferred)
-        last_deferred = max((number[job] for job in self._deferred), default=0)
-        window = itertools.islice(queue, PUMP_SCAN_LIMIT)
         try:
-            for job in window:
+            while visit:
+                n, job = heapq.heappop(visit)
+                if n <= self._at:
+                    continue  # listed twice
                 if job not in dirty:
                     c = certs.get(job)
-                    if c is not None and c.deferred and c.clean:
-                        if not need_deferred:
-                            passed.append(job)
-                            continue
-                    elif not changed:
-                        if number[job] > self._last_dirty and (not need_deferred or number[job] > last_deferred):
-                            break  # no dirty job behind (nor a deferred one to score)
-                        passed.append(job)
+                    if not (need_deferred and c is not None and c.deferred and c.clean):
                         continue
-                    elif job.waiting_for not in changed or not uses_ahead(c):
-                        passed.append(job)
-                        continue
-                    else:
-                        self.mark_dirty(job)
                 if room is None:
                     room = self.any_admissible()
                 if not room:
-                    if changed:  # the jobs behind keep their reason to be scored at the next pump
-                        for behind in window:
-                            if behind.waiting_for in changed and uses_ahead(certs.get(behind)):
-                                self.mark_dirty(behind)
-                    break
+                    break  # (the jobs left keep their reason to be scored at the next pump)
+                self._at = n
                 dirty.discard(job)
-                before = job.waiting_for, job.waiting_cost
+                before, before_cost = job.waiting_for, job.waiting_cost
+                waiters.job = job
                 self.last_deferred = False
                 placement = self.try_place(job)
                 if placement is not None:
-                    placed.add(job)
+                    placed.append(job)
                     job.future.set_result(placement)
                     room = None
-                    if before[0] is not None:
-                        changed.add(before[0])
+                    if before is not None:
+                        self._sum_changed(before, n)
                     continue
                 if self.last_deferred:  # its spill waits for the second pass (or the next pump)
                     deferred = True
@@ -256,11 +272,13 @@ class MemoScheduler(Scheduler):
                         need_deferred = False
                     if certs.get(job) is None:
                         self.mark_dirty(job)
-                if (job.waiting_for, job.waiting_cost) != before:
-                    changed.update(w for w in (before[0], job.waiting_for) if w is not None)
-                passed.append(job)
+                if job.waiting_for != before or job.waiting_cost != before_cost:
+                    for w in {before, job.waiting_for}:
+                        if w is not None:
+                            self._sum_changed(w, n)
         finally:
             self.ahead = outer
+            self._visit = None
         for job in placed:
             queue.remove(job)
             queue.forget(job)
@@ -271,12 +289,30 @@ class MemoScheduler(Scheduler):
                     self.mark_dirty(job)
         return deferred and (room if room is not None else self.any_admissible())
 
+    def _sum_changed(self, worker_id: str, n: int) -> None:
+        """The waiting cost ahead for ``worker_id`` changed at queue number ``n``: the jobs behind that wait for
+        it and whose answer used that sum are scored too."""
+        certs = self._certs
+        for job in self._waiters.behind(worker_id, n):
+            if uses_ahead(certs.get(job)):
+                self.mark_dirty(job)
+
     def mark_dirty(self, job: Job) -> None:
-        """Score ``job`` at the next pump (new, or its certificate broke)."""
+        """Score ``job`` at the next pump (new, or its certificate broke); during a pass, in it if it is behind."""
         self._dirty.add(job)
-        n = self.queue.number.get(job, INF)
-        if n > self._last_dirty:
-            self._last_dirty = n
+        visit = self._visit
+        if visit is not None:
+            n = self.queue.number.get(job)
+            if n is not None and self._at < n <= self._window_end:
+                heapq.heappush(visit, (n, job))
+
+    def _appended(self, job: Job, in_window: bool) -> None:
+        """A job joined the queue (``QueueLog``): new to the memo in the scan window; its wait, if it was
+        scored before it queued, counts for the jobs behind."""
+        if in_window:
+            self.mark_dirty(job)
+        if job.waiting_for is not None:
+            self._waiters.moved(job, None)
 
     def try_place(self, job: Job) -> Placement | None:
         c = self._certs.get(job)
@@ -285,11 +321,19 @@ class MemoScheduler(Scheduler):
             self.skipped += 1
             return None
         self.scored += 1
+        before = job.waiting_for
         placement = super().try_place(job)
         if c is not None:
             c.clean = False  # superseded (not dirty: it was just scored)
+        if self.memo:
+            if placement is None:
+                self._waiters.moved(job, before)
+            else:
+                self._waiters.left(job, before)
         if placement is None:
             cert = self._certs[job] = self._certify(job, self.last_deferred) if self.memo else None
+            if cert is not None:
+                self.certified[cert.kind] += 1
             if cert is not None and cert.deferred:
                 self._deferred.add(job)
             else:

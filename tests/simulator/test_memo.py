@@ -1,0 +1,134 @@
+"""The simulator's shortcuts around the router's scheduler: each one changes no decision.
+
+Whole runs in a backlog (every kind of certificate used) place every request on the same worker at the same
+cost with and without the memo; round robin's room list and the view shortcut place as the plain router;
+the spill threshold the memo learns is the policy's; the remembered block matches and the queued cost ahead
+answer as the router's own computations do (round robin's room list: ``test_router_placement``).
+"""
+
+import random
+from dataclasses import replace
+
+import pytest
+
+from sgl_moe.router.block_index import BlockIndex
+from sgl_moe.router.candidates import Candidate
+from sgl_moe.router.config import RouterConfig
+from sgl_moe.router.job import Job
+from sgl_moe.router.pending import PendingLedger
+from sgl_moe.router.policy import DEFERRED, PlacementPolicy
+from sgl_moe.router.scheduler import SchedulerStats
+from sgl_moe.router.worker_pool import WorkerPool
+from sgl_moe.simulator import SimConfig, Simulation, UnitStream, h100_30b
+from sgl_moe.simulator.certificate import QueueLog, Waiters
+from sgl_moe.simulator.logged_index import LoggedBlockIndex
+from sgl_moe.simulator.router_frontend import worker_info
+from sgl_moe.simulator.spill_rule import spill_penalty
+from sgl_moe.workloads import WorkloadConfig
+
+
+def placements(cfg, stream, memo):
+    sim = Simulation(replace(cfg, memo=memo), h100_30b(), UnitStream(stream))
+    deliver = sim.frontend._on_placed
+    order = []
+
+    def record(p):
+        order.append((p.job.rid, p.worker.id, p.cost, p.matched_blocks))
+        deliver(p)
+
+    sim.frontend._on_placed = record
+    sim.run()
+    return order, sim.frontend.scheduler
+
+
+@pytest.mark.parametrize("workers,requests,theta_tokens", [(16, 2000, 2000), (32, 3000, 2000), (64, 3000, 500)])
+def test_memo_places_as_the_plain_scheduler_in_a_backlog(workers, requests, theta_tokens):
+    cal = h100_30b()
+    cfg = SimConfig(workers=workers, policy="longest_block_match", theta_flops=cal.flops.request_flops(0, theta_tokens))
+    stream = WorkloadConfig(requests=requests, seed=3)
+    with_memo, memo = placements(cfg, stream, memo=True)
+    plain, reference = placements(cfg, stream, memo=False)
+    assert with_memo == plain
+    # every shortcut was taken (else this test would prove nothing about it)
+    assert memo.certified["deferred"] > 100 and memo.certified["held"] > 50 and memo.certified["rule5"] > 100
+    assert memo.scored < reference.scored / 5
+
+
+def test_learned_spill_threshold_is_the_policys():
+    cal = h100_30b()
+    cfg = RouterConfig(policy="longest_block_match", saturation_flops=cal.theta)
+    info = worker_info(cal, cal.theta)
+    k = spill_penalty(cfg, info)
+    assert k is not None
+    assert spill_penalty(replace(cfg, max_affinity_wait_s=0.0), info) is None  # every wait is over at once
+    index = BlockIndex()
+    pool = WorkerPool.without_http(cfg, index, PendingLedger(index, ttl_s=1.0), lambda: None)
+    a, b = pool.admit("x://a", info, worker_id="a"), pool.admit("x://b", info, worker_id="b")
+    theta = a.theta
+    policy = PlacementPolicy(cfg, lambda: 0.0, SchedulerStats(), lambda job, worker: 0.0)
+    policy.defer_spills = True
+    rng = random.Random(0)
+    for _ in range(300):
+        best_cost, alt_cost, ahead = (rng.uniform(0.01, 0.5) * theta for _ in range(3))
+        alt_load = rng.uniform(0, 0.999) * theta
+        a.inflight_flops, b.inflight_flops = theta + ahead, alt_load
+        job = Job(rid="j", prompt_lens=[64], keys=[[1, 2, 3]], arrived=0.0)
+        best = Candidate(a, 0, 0, 1, (16,), best_cost)
+        alt = Candidate(b, 1, 0, 0, (0,), alt_cost)
+        choice, reason = policy.longest_block_match(job, [best, alt], [alt])
+        threshold = theta + ahead + best_cost - alt_cost - k * max(0.0, alt_cost - best_cost)
+        assert reason.startswith(DEFERRED) == (alt_load < threshold)
+
+
+def test_remembered_matches_follow_every_mutation():
+    rng = random.Random(1)
+    logged, plain = LoggedBlockIndex(), BlockIndex()
+    for _ in range(6):
+        assert logged.add_target() == plain.add_target()
+    lists = [[rng.randrange(40) for _ in range(rng.randrange(1, 12))] for _ in range(30)]
+    mask = (1 << 6) - 1
+    for step in range(3000):
+        op = rng.randrange(5)
+        slot, hashes = rng.randrange(6), rng.sample(range(40), rng.randrange(1, 6))
+        if op == 0:
+            logged.store(slot, hashes), plain.store(slot, hashes)
+        elif op == 1:
+            logged.remove(slot, hashes), plain.remove(slot, hashes)
+        elif op == 2:
+            logged.promise(slot, hashes), plain.promise(slot, hashes)
+        elif op == 3:
+            logged.retire(slot, hashes), plain.retire(slot, hashes)
+        elif step % 500 == 0:
+            logged.clear_committed(slot), plain.clear_committed(slot)
+        for keys in rng.sample(lists, 5):
+            assert logged.match_groups(keys, mask) == plain.match_groups(keys, mask)
+
+
+def test_waiters_sum_the_cost_ahead_in_queue_order():
+    rng = random.Random(2)
+    queue = QueueLog(lambda job, in_window: None)
+    waiters = Waiters(queue.number)
+    jobs = [Job(rid=str(i), prompt_lens=[1], keys=[]) for i in range(60)]
+    for job in jobs:
+        queue.append(job)
+    for _ in range(400):
+        job = rng.choice([j for j in jobs if j in queue.number])
+        before = job.waiting_for
+        if rng.random() < 0.1:
+            waiters.left(job, before)
+            queue.remove(job)
+            queue.forget(job)
+            continue
+        job.waiting_for = rng.choice([None, "a", "b", "c"])
+        job.waiting_cost = rng.uniform(0, 1e12)
+        waiters.moved(job, before)
+        at = rng.choice(list(queue))
+        waiters.job = at
+        for w in ("a", "b", "c"):
+            running = {}
+            for other in queue:  # Scheduler.pump's running sum as it reaches ``at``
+                if other is at:
+                    break
+                if other.waiting_for is not None:
+                    running[other.waiting_for] = running.get(other.waiting_for, 0.0) + other.waiting_cost
+            assert waiters.get(w, 0.0) == running.get(w, 0.0)
