@@ -71,6 +71,9 @@ class MemoScheduler(Scheduler):
         self.skipped = 0
         self.scored = 0
         self.quiet_pumps = 0
+        self.new_holds: list[Job] = []
+        """Jobs held for promised blocks for the first time since the frontend last took this list (it arms
+        the router's hold timer for each)."""
         self.certified: Counter[str] = Counter()
         """Certificates given, by kind (deferred, held, waiting, rule5, other): what tests check was exercised."""
         self._dirty: set[Job] = set()
@@ -321,8 +324,10 @@ class MemoScheduler(Scheduler):
             self.skipped += 1
             return None
         self.scored += 1
-        before = job.waiting_for
+        before, was_held = job.waiting_for, job.held
         placement = super().try_place(job)
+        if job.held and not was_held:
+            self.new_holds.append(job)
         if c is not None:
             c.clean = False  # superseded (not dirty: it was just scored)
         if self.memo:

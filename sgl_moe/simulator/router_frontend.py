@@ -123,7 +123,6 @@ class RouterFrontend:
         self._placed: list[Placement] = []
         self._seq = itertools.count()
         self._backlog: Iterator[SimUnit] | None = None
-        self._holds = 0
         self._timed: set[str] = set()
         self.trace: list[tuple] | None = None
         """When a list: every operation on the router, for replaying it elsewhere (tests)."""
@@ -202,11 +201,12 @@ class RouterFrontend:
         """After the scheduler ran: dispatch its placements, arm hold timers, refill the offline queue."""
         self._flush()
         sched = self.scheduler
-        if sched.stats.prefix_waits != self._holds:
-            # The router arms a timer (call_later) for each new hold; the virtual clock does it here.
-            self._holds = sched.stats.prefix_waits
-            for job in itertools.islice(sched.queue, PUMP_SCAN_LIMIT):
-                if job.held and job.rid not in self._timed:
+        if sched.new_holds:
+            # The router arms a timer (call_later) for each new hold; the virtual clock does it here, for the
+            # jobs still queued (the timers are alike: their order among themselves does not matter).
+            held, sched.new_holds = sched.new_holds, []
+            for job in held:
+                if job.future is not None and not job.future.done() and job.rid not in self._timed:
                     self._timed.add(job.rid)
                     self.timeline.at(job.arrived + self.cfg.prefix_wait_s + 1e-3, self.pump, "timer")
         if self._backlog is not None:
