@@ -67,8 +67,9 @@ def calibrated(layers: list[dict[str, float]], f_ref: float, tokens: int, margin
     )
 
 
-KNEE_FRACTION = 0.9
-"""Throughput profile: Θ is the least work in flight that reaches this share of the best FLOPs/s measured."""
+KNEE_FRACTION = 0.95
+"""Throughput profile: Θ is the least work in flight that reaches this share of the best FLOPs/s measured
+(a prefill-only server is judged by throughput: Θ gives up at most 5% of the best for shorter queues)."""
 MONOTONE_SLACK = 0.7
 """Throughput profile: a level slower than this share of a level with fewer in flight means the timings
 measured something else (other processes on the host); the profile is refused (the fallback stays)."""

@@ -82,7 +82,7 @@ class WorkerProcess:
             return "(no log)"
 
     def wait_ready(self, timeout: float = 300.0, progress: Callable[[float], None] | None = None) -> dict[str, Any]:
-        """Block until the worker answers /health and /sgl_moe/info; return the info."""
+        """Block until the worker answers /health and /sgl_moe/info, its Θ profile done; return the info."""
         assert self.proc is not None, "start() first"
         deadline = time.time() + timeout
         last_note = 0.0
@@ -94,7 +94,8 @@ class WorkerProcess:
                 try:
                     if client.get(f"{self.url}/health").status_code == 200:
                         info = client.get(f"{self.url}/sgl_moe/info")
-                        if info.status_code == 200:
+                        # Ready once its Θ profile (start-up requests of its own) has ended.
+                        if info.status_code == 200 and info.json()["saturation"]["state"] != "calibrating":
                             self.ready_seconds = time.time() - self.started_at
                             return info.json()
                 except httpx.TransportError:

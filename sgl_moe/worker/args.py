@@ -29,6 +29,11 @@ class MoeArgs:
     """Saturation threshold Θ in FLOPs reported to the router, overriding the worker's own (calibrated) value."""
     saturation_margin: float = 1.0
     """Safety factor α applied to the worker's own Θ (seed 000 Eq. 1 and 3; not to a manual --moe-saturation-flops)."""
+    theta_profile: bool = True
+    """Without weight streaming: measure Θ at start-up with a short throughput profile (1, 2, 4, ... 32
+    concurrent 256-token requests; Θ = the fewest in flight reaching 95 percent of the best FLOPs/s; workers on one
+    host profile one at a time). Off: the fixed Θ of one full step (a placeholder that a CPU worker rarely
+    reaches, so the router never holds work back)."""
     calibration_timeout_s: float = 600.0
     """How long the worker waits for its profile forward before keeping the fallback Θ (and saying so)."""
     expert_offload: bool = False

@@ -24,7 +24,7 @@ from sgl_moe.wire import (
 )
 from sgl_moe.worker.args import MoeArgs
 from sgl_moe.worker.info import build_info, public_view, with_saturation
-from sgl_moe.worker.theta_calibration import Calibrator, WorkerShape
+from sgl_moe.worker.theta_calibration import Calibrator, ThroughputCalibrator, WorkerShape
 
 
 def _hf_config(model_path: str) -> dict[str, Any]:
@@ -45,10 +45,16 @@ def _context_length(resolved: int | None, hf_config: dict[str, Any]) -> int:
 
 
 def _theta_source(moe: MoeArgs, profile_dir: str | None, base_url: str, shape) -> Callable[[], SaturationThreshold]:
-    """Θ as it stands: manual; fixed (no streaming: Eq. 3 without transfer); or the calibrator's current value."""
+    """Θ as it stands: manual; the streaming calibrator's or the throughput profile's current value (each
+    reports the fallback with state ``calibrating`` until it ends); or fixed (Eq. 3 without transfer) when
+    the profile is off."""
     if moe.saturation_flops is not None:
         fixed = saturation.manual(moe.saturation_flops)
         return lambda: fixed
+    if (not moe.streaming or profile_dir is None) and moe.theta_profile:
+        profiler = ThroughputCalibrator(base_url, shape, moe.saturation_margin, moe.calibration_timeout_s)
+        profiler.start()
+        return profiler.current
     if not moe.streaming or profile_dir is None:
         def fixed_theta() -> SaturationThreshold:
             s = shape()

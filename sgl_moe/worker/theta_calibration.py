@@ -19,13 +19,13 @@ import urllib.error
 import urllib.request
 from collections.abc import Callable
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from sgl_moe import saturation
 from sgl_moe.flops import FlopsModel
 from sgl_moe.patches import profile_handshake
-from sgl_moe.saturation import SaturationThreshold
+from sgl_moe.saturation import CalibrationError, SaturationThreshold
 
 log = logging.getLogger("sgl_moe.calibration")
 
@@ -114,9 +114,14 @@ class Calibrator:
 
 PROFILE_PROMPT_TOKENS = 256
 """Tokens per prompt of the throughput profile (a typical prefill-only prompt; capped by the step)."""
-PROFILE_MAX_CONCURRENCY = 16
+PROFILE_MAX_CONCURRENCY = 32
 PROFILE_ROUNDS = 3
 """Requests each concurrent client sends one after another at each level."""
+PROFILE_REPEATS = 2
+"""Times each level is measured; the fastest counts (another process on the host only ever slows a level)."""
+PROFILE_ATTEMPTS = 3
+"""Whole profiles tried before a non-monotone result (the host's other load) is given up on."""
+PROFILE_RETRY_PAUSE_S = 5.0
 
 
 PROFILE_LOCK = Path(tempfile.gettempdir()) / "sgl_moe_theta_profile.lock"
@@ -146,8 +151,10 @@ class ThroughputCalibrator(Calibrator):
     (HTTP, tokenizer manager, scheduling) with the forwards. Θ is the FLOPs of the fewest requests in flight
     that reach ``saturation.KNEE_FRACTION`` of the best FLOPs/s measured up to ``PROFILE_MAX_CONCURRENCY``.
     Then it flushes the prefix cache of the random prompts. Workers on one host profile one at a time
-    (``PROFILE_LOCK``), so none measures another's profile. A few seconds; a worker given
-    ``--moe-saturation-flops`` skips it.
+    (``PROFILE_LOCK``), so none measures another's profile; each level is timed ``PROFILE_REPEATS`` times
+    and the fastest kept, and a profile that is still not monotone (a sibling worker loading its model
+    meanwhile) is run again, up to ``PROFILE_ATTEMPTS`` times. A few seconds on an idle host; a worker given
+    ``--moe-saturation-flops`` or ``--no-moe-theta-profile`` skips it.
     """
 
     def __init__(self, base_url: str, shape: Callable[[], WorkerShape], margin: float, timeout_s: float) -> None:
@@ -186,22 +193,36 @@ class ThroughputCalibrator(Calibrator):
                            deadline)
 
         def level_seconds(c: int) -> float:
-            with ThreadPoolExecutor(c) as pool:
-                t0 = time.perf_counter()
-                for f in [pool.submit(client, PROFILE_ROUNDS) for _ in range(c)]:
-                    f.result()
-                return (time.perf_counter() - t0) / PROFILE_ROUNDS
+            times = []
+            for _ in range(PROFILE_REPEATS):
+                with ThreadPoolExecutor(c) as pool:
+                    t0 = time.perf_counter()
+                    for f in [pool.submit(client, PROFILE_ROUNDS) for _ in range(c)]:
+                        f.result()
+                    times.append((time.perf_counter() - t0) / PROFILE_ROUNDS)
+            return min(times)
 
         client(2)  # warm-up: first-call costs are not throughput
-        points: list[tuple[int, float]] = []
-        c = 1
-        while c <= PROFILE_MAX_CONCURRENCY:
-            points.append((c, level_seconds(c)))
-            c *= 2
-        self._flush(deadline)
-        self.result = saturation.from_throughput(points, prompt_flops, per_prompt, self.margin,
-                                                 time.monotonic() - t_start)
-        log.info("Θ = %.4g FLOPs: %s", self.result.flops, self.result.source)
+        for attempt in range(1, PROFILE_ATTEMPTS + 1):
+            points: list[tuple[int, float]] = []
+            c = 1
+            while c <= PROFILE_MAX_CONCURRENCY:
+                points.append((c, level_seconds(c)))
+                c *= 2
+            self._flush(deadline)
+            try:
+                result = saturation.from_throughput(points, prompt_flops, per_prompt, self.margin,
+                                                    time.monotonic() - t_start)
+            except saturation.CalibrationError as exc:
+                if attempt == PROFILE_ATTEMPTS or time.monotonic() + PROFILE_RETRY_PAUSE_S >= deadline:
+                    raise CalibrationError(f"{exc}; {attempt} profile(s) tried") from None
+                log.info("Θ profile %d of %d not usable (%s); again in %.0f s", attempt, PROFILE_ATTEMPTS, exc,
+                         PROFILE_RETRY_PAUSE_S)
+                time.sleep(PROFILE_RETRY_PAUSE_S)
+                continue
+            self.result = replace(result, details={**result.details, "profile_attempts": attempt})
+            log.info("Θ = %.4g FLOPs: %s", self.result.flops, self.result.source)
+            return
 
     def _flush(self, deadline: float) -> None:
         """Drop the profile's random prompts from the prefix cache (SGLang refuses while requests run)."""
