@@ -34,6 +34,9 @@ class Job:
     """When this job first chose to wait for its saturated best-matching worker (the clock of
     ``max_affinity_wait_s``: counted from when the wait starts, not from arrival, so that a job that sat in a
     deep backlog is not "late" the moment it first comes up)."""
+    wait_limit_s: float | None = None
+    """How long that wait may last before the job spills by time alone, fixed when the wait starts
+    (``PlacementPolicy.wait_limit``)."""
 
     @property
     def affinity(self) -> bool:

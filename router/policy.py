@@ -4,9 +4,17 @@
 saturated, the job either waits for it or spills to the best worker with room:
 
 - it spills when recomputing the prefix there finishes sooner than the work queued ahead on the best
-  worker (equal-speed workers), or when it has waited ``max_affinity_wait_s`` *since its wait started*
-  (``Job.wait_started``: the first time it chose to wait, not its arrival; in a deep backlog every job
-  would otherwise be "late" the moment it comes up, and reuse would collapse);
+  worker (equal-speed workers) *by more than the recomputation itself*: the extra FLOPs a spill adds are
+  paid once by this request's finish and once more by the work that queues behind it on that worker, so
+  a spill that merely finishes a little sooner (a long shared prefix, its holder busy with the request
+  computing it) would cost throughput;
+- or when it has waited longer than its wait limit *since its wait started* (``Job.wait_started``: the
+  first time it chose to wait, not its arrival; in a deep backlog every job would otherwise be "late" the
+  moment it comes up, and reuse would collapse). The limit is fixed when the wait starts: twice the time
+  the work ahead of it should take at the worker's speed (observed: FLOPs completed per busy second; before
+  a few requests ended there, its start-up profile's best), between ``max_affinity_wait_s`` and
+  ``MAX_WAIT_LIMIT_S`` (a worker with neither speed: ``max_affinity_wait_s``). A fixed number of seconds
+  would be minutes of work on a GPU and a fraction of one long request on a CPU;
 - in a backlog, by throughput: while the scheduler's pump makes its first pass over the queue
   (``defer_spills``), a spill is deferred, so capacity goes first to queued jobs that run without
   recomputing anything; only room left over after that pass takes spills (it would idle otherwise).
@@ -40,6 +48,9 @@ Decision = tuple[Candidate | None, str]
 
 DEFERRED = "spill deferred"
 """The reason's start when a spill waits for the pump's second pass."""
+
+MAX_WAIT_LIMIT_S = 60.0
+"""The longest a job waits for its saturated best worker by time alone, whatever the speed estimate says."""
 
 BY_LOAD = "no affinity: least in-flight FLOPs / Θ, ties in turn"
 """The reason logged for a job placed by load alone."""
@@ -132,21 +143,34 @@ class PlacementPolicy:
         # Both finish after the work ahead of them plus their own cost (equal-speed workers).
         ahead = best.worker.inflight_flops + self.queued_cost_before(job, best.worker)
         wait_finish = ahead + best.cost
+        extra = max(0.0, alt.cost - best.cost)
         spill_finish = alt.worker.inflight_flops + alt.cost
         now = self.clock()
         if job.wait_started is None:
             job.wait_started = now
+            job.wait_limit_s = self.wait_limit(best.worker, wait_finish)
         waited = now - job.wait_started
-        sooner = spill_finish < wait_finish
-        if sooner or waited >= self.cfg.max_affinity_wait_s:
+        sooner = spill_finish + extra < wait_finish
+        if sooner or waited >= job.wait_limit_s:
             if self.defer_spills:
                 job.waiting_for, job.waiting_cost = best.worker.id, best.cost
                 return None, (f"{DEFERRED} to {alt.worker.id}: room goes first to queued jobs that recompute "
                               "nothing (first pass of the pump)")
             self.stats.spills += 1
             if sooner:
-                return alt, (f"spill: best {best.worker.id} ({best.matched_blocks} blocks) is saturated; recomputing "
-                             f"{alt.cost - best.cost:.3g} extra FLOPs here beats waiting behind {ahead:.3g}")
-            return alt, f"spill: waited {waited:.1f} s (since the wait started) for saturated {best.worker.id}"
+                return alt, (f"spill: best {best.worker.id} ({best.matched_blocks} blocks) is saturated; finishing "
+                             f"here ({spill_finish:.3g} FLOPs ahead and own) plus the {extra:.3g} extra FLOPs it "
+                             f"adds beats waiting behind {ahead:.3g}")
+            return alt, (f"spill: waited {waited:.1f} s (since the wait started; limit {job.wait_limit_s:.1f} s) "
+                         f"for saturated {best.worker.id}")
         job.waiting_for, job.waiting_cost = best.worker.id, best.cost
-        return None, f"waiting for {best.worker.id} ({best.matched_blocks} blocks, {waited:.1f} s so far)"
+        return None, (f"waiting for {best.worker.id} ({best.matched_blocks} blocks, {waited:.1f} s of at most "
+                      f"{job.wait_limit_s:.1f} s so far; a spill would add {extra:.3g} FLOPs)")
+
+    def wait_limit(self, worker: Worker, wait_flops: float) -> float:
+        """Seconds a job may wait for saturated ``worker``: twice the ``wait_flops`` ahead of it (its own
+        included) at the worker's observed (else profiled) FLOPs/s, within [``max_affinity_wait_s``,
+        ``MAX_WAIT_LIMIT_S``]."""
+        rate = worker.observed_flops_per_s(self.clock()) or worker.profiled_flops_per_s
+        floor = self.cfg.max_affinity_wait_s
+        return min(max(floor, MAX_WAIT_LIMIT_S), max(floor, 2.0 * wait_flops / rate)) if rate else floor

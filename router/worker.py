@@ -52,6 +52,10 @@ class WorkerCounters:
     restarts: int = 0
 
 
+MIN_OBSERVED_REQUESTS = 4
+"""Requests a worker must have finished before the router trusts the speed it observed there."""
+
+
 @dataclass(eq=False)
 class Worker:
     """A worker in the pool. Its in-flight FLOPs change only through the scheduler's reserve and release."""
@@ -74,6 +78,13 @@ class Worker:
     last_progress: float = 0.0
     """``time.monotonic()`` of the worker's latest sign of work: an answer, or a batch of KV events. A health
     probe that times out while the worker keeps making progress means busy, not dead (``health``)."""
+    completed_flops: float = 0.0
+    """FLOPs of the requests that ended here (reservations released), with ``busy_seconds`` the speed seen."""
+    completed_requests: int = 0
+    busy_seconds: float = 0.0
+    """Scheduler-clock seconds this worker had at least one request in flight, up to its last idle moment."""
+    busy_since: float | None = None
+    """Scheduler-clock time its current busy period began (None: idle)."""
     added_at: float = field(default_factory=time.time)
     counters: WorkerCounters = field(default_factory=WorkerCounters)
     listeners: list[EventListener] = field(default_factory=list)
@@ -111,6 +122,20 @@ class Worker:
     @property
     def instance_id(self) -> str | None:
         return self.info.instance_id
+
+    def observed_flops_per_s(self, now: float) -> float | None:
+        """FLOPs this worker completed per second it was busy (the real workload's speed, batching included);
+        None before ``MIN_OBSERVED_REQUESTS`` requests ended."""
+        busy = self.busy_seconds + (now - self.busy_since if self.busy_since is not None else 0.0)
+        if self.completed_requests < MIN_OBSERVED_REQUESTS or busy <= 0:
+            return None
+        return self.completed_flops / busy
+
+    @property
+    def profiled_flops_per_s(self) -> float | None:
+        """The best FLOPs/s of the worker's start-up throughput profile (None: it did not profile)."""
+        rates = self.info.saturation.throughput_flops_per_s
+        return max(rates) if rates else None
 
     @property
     def admissible(self) -> bool:

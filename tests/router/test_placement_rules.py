@@ -10,6 +10,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from dataclasses import replace
+
+import pytest
 
 from sgl_moe.flops import FlopsModel
 from sgl_moe.router.block_index import BlockIndex
@@ -126,8 +129,10 @@ def _hot():
     prefix = list(range(1, 9))  # 8 blocks (128 tokens), then a 64-token suffix
     n = len(prefix) * PAGE + 64
     hit = FLOPS.request_flops(len(prefix) * PAGE, 64)
-    sched, pool, index, clock = make(n=2, theta=hit * 1.5)
-    w0, w1 = _saturate(sched, index, prefix, n, requests=2)
+    # Three hits in flight: waiting behind them (4 hits) beats recomputing (1 full request) only if the
+    # recomputation's extra FLOPs are not counted twice; counted twice, the spill still wins.
+    sched, pool, index, clock = make(n=2, theta=hit * 2.5)
+    w0, w1 = _saturate(sched, index, prefix, n, requests=3)
     return sched, index, clock, w0, w1, prefix, n
 
 
@@ -200,11 +205,72 @@ def test_acquire_without_backlog_spills_at_once():
     prefix = list(range(1, 9))
     n = len(prefix) * PAGE + 64
     hit = FLOPS.request_flops(len(prefix) * PAGE, 64)
-    sched, pool, index, clock = make(n=2, theta=hit * 1.5)
+    sched, pool, index, clock = make(n=2, theta=hit * 2.5)
     index.store(pool.workers["w0"].slots[0], prefix)
 
     async def run():
-        return [await sched.acquire(Job(rid=f"h{i}", prompt_lens=[n], keys=[list(prefix)])) for i in range(3)]
+        return [await sched.acquire(Job(rid=f"h{i}", prompt_lens=[n], keys=[list(prefix)])) for i in range(4)]
 
     placed = asyncio.run(run())
-    assert [p.worker.id for p in placed] == ["w0", "w0", "w1"] and placed[2].reason.startswith("spill")
+    assert [p.worker.id for p in placed] == ["w0", "w0", "w0", "w1"] and placed[3].reason.startswith("spill")
+
+
+def test_a_spill_that_finishes_only_a_little_sooner_waits_instead():
+    """A long shared prefix whose holder is busy computing it for a sibling: recomputing it on an idle worker
+    would finish a little sooner but doubles the work (the Table-2 arXiv siblings: 2,864 of 2,894 tokens
+    shared). The sibling waits for the holder; the idle worker keeps its room for other work."""
+    prefix = list(range(1, 65))  # 64 blocks (1,024 tokens), then a 16-token suffix
+    n = len(prefix) * PAGE + 16
+    full = FLOPS.request_flops(0, n)
+    hit = FLOPS.request_flops(len(prefix) * PAGE, 16)
+    sched, pool, index, clock = make(n=2, theta=full * 0.9)
+    w0, w1 = pool.workers["w0"], pool.workers["w1"]
+    first = sched.try_place(Job(rid="first", prompt_lens=[n], keys=[list(prefix)]))
+    assert first.worker is w0 and not w0.admissible  # computing the shared prefix (promised blocks), > Θ
+    w0.inflight_flops += 0.2 * full  # and a little more: by finish time alone the spill is sooner
+    sib = enqueue(sched, Job(rid="sib", prompt_lens=[n], keys=[list(prefix)], arrived=clock.t))
+    assert w1.inflight_flops + full < w0.inflight_flops + hit  # the old rule would spill
+    sched.pump()
+    assert not sib.future.done() and sib.waiting_for == "w0" and sched.stats.spills == 0
+
+
+def test_the_wait_limit_scales_with_the_work_ahead_at_the_profiled_speed():
+    prefix = list(range(1, 65))
+    n = len(prefix) * PAGE + 1
+    hit = FLOPS.request_flops(64 * PAGE, 1)
+    sched, pool, index, clock = make(n=2, theta=hit, max_affinity_wait_s=2.0)
+    w0, w1 = _saturate(sched, index, prefix, n)
+    rate = hit / 10.0  # the work ahead (one hit in flight, then its own) takes 20 s at the profiled speed
+    w0.info = replace(INFO, saturation=replace(INFO.saturation, throughput_flops_per_s=[rate / 2, rate]))
+    late = enqueue(sched, Job(rid="late", prompt_lens=[n], keys=[list(prefix)], arrived=clock.t))
+    sched.pump()
+    assert late.waiting_for == "w0" and late.wait_limit_s == pytest.approx(2 * 2 * hit / rate)
+    clock.t += 30.0  # past max_affinity_wait_s, not past the limit
+    sched.pump()
+    assert not late.future.done()
+    clock.t += 15.0
+    sched.pump()
+    placed = late.future.result_value
+    assert placed is not None and placed.worker is w1 and "limit 40.0 s" in placed.reason
+
+
+def test_the_wait_limit_uses_the_speed_observed_on_the_real_workload_once_known():
+    prefix = list(range(1, 65))
+    n = len(prefix) * PAGE + 1
+    hit = FLOPS.request_flops(64 * PAGE, 1)
+    sched, pool, index, clock = make(n=2, theta=hit, max_affinity_wait_s=2.0)
+    w0 = pool.workers["w0"]
+    index.store(w0.slots[0], prefix)
+    w0.info = replace(INFO, saturation=replace(INFO.saturation, throughput_flops_per_s=[1e12]))  # optimistic
+    for i in range(4):  # four requests, 5 s each, one at a time; an idle minute between them does not count
+        p = sched.try_place(Job(rid=f"r{i}", prompt_lens=[n], keys=[list(prefix)]))
+        clock.t += 5.0
+        sched.release(p, ok=True)
+        clock.t += 60.0
+    assert w0.observed_flops_per_s(clock.t) == pytest.approx(hit / 5.0)
+    first = sched.try_place(Job(rid="a", prompt_lens=[n], keys=[list(prefix)]))
+    assert first.worker is w0 and not w0.admissible
+    late = enqueue(sched, Job(rid="late", prompt_lens=[n], keys=[list(prefix)], arrived=clock.t))
+    sched.pump()
+    # Two hits ahead (the one in flight, then its own) at 5 s each, twice: 20 s, not the profile's 0.
+    assert late.waiting_for == "w0" and late.wait_limit_s == pytest.approx(20.0)

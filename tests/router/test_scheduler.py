@@ -141,18 +141,20 @@ def test_hot_prefix_spills_when_recompute_is_cheaper_than_waiting():
     n = len(prefix) * PAGE + 64
     hit = FLOPS.request_flops(len(prefix) * PAGE, 64)
     full = FLOPS.request_flops(0, n)
-    assert 3 * hit > full  # waiting behind two hits costs more than recomputing the prefix elsewhere
-    sched, pool, index = make(n=2, theta=hit * 1.5)
+    # Waiting behind three hits costs more than recomputing the prefix elsewhere, even with the
+    # recomputation's extra FLOPs counted twice (once for this request, once for the work behind it).
+    assert 4 * hit > full + (full - hit)
+    sched, pool, index = make(n=2, theta=hit * 2.5)
     w0 = pool.workers["w0"]
     index.store(w0.slots[0], prefix)
 
     async def run():
-        return [await sched.acquire(job(f"h{i}", prefix, n)) for i in range(3)]
+        return [await sched.acquire(job(f"h{i}", prefix, n)) for i in range(4)]
 
     placed = asyncio.run(run())
-    assert [p.worker.id for p in placed[:2]] == ["w0", "w0"]  # w0 below Θ before each
+    assert [p.worker.id for p in placed[:3]] == ["w0", "w0", "w0"]  # w0 below Θ before each
     assert w0.inflight_flops >= w0.theta
-    assert placed[2].worker.id == "w1" and placed[2].reason.startswith("spill")
+    assert placed[3].worker.id == "w1" and placed[3].reason.startswith("spill")
     assert sched.stats.spills == 1
 
 
