@@ -111,10 +111,12 @@ class MemoScheduler(Scheduler):
             self.queue = QueueLog(self._appended)
         self._waiters = Waiters(self.queue.number if memo else {})
         index = self.index
-        if not isinstance(index, LoggedBlockIndex):
-            raise TypeError("MemoScheduler needs a LoggedBlockIndex")
-        index.on_touch = lambda slot: break_slots(self._on_index, slot)
-        self._certs = index.certificates
+        self._certs: dict[Job, Certificate | None] = {}
+        if memo:
+            if not isinstance(index, LoggedBlockIndex):
+                raise TypeError("MemoScheduler with memo needs a LoggedBlockIndex")
+            index.on_touch = lambda slot: break_slots(self._on_index, slot)
+            self._certs = index.certificates
         self.room: RoomList | None = None
         """Round robin's candidates (``room``), handed to the policy in place of the whole pool."""
         if self.cfg.policy == "round_robin":

@@ -101,14 +101,15 @@ class RouterFrontend:
         self.cfg = RouterConfig(policy=policy, saturation_flops=theta, queue_size=queue_size,
                                 max_affinity_wait_s=max_affinity_wait_s, pending_ttl_s=pending_ttl_s,
                                 prefix_wait_s=prefix_wait_s)
-        self.index = LoggedBlockIndex()
+        memo = memo and policy == "longest_block_match"
+        # The memo only ever vouches for longest_block_match jobs (the others wait only when no worker has room);
+        # without it the router's own index serves (the logged one's bookkeeping would be spent for nothing).
+        self.index = LoggedBlockIndex() if memo else BlockIndex()
         self.ledger = PendingLedger(self.index, ttl_s=pending_ttl_s)
         info = worker_info(cal, theta)
         self.pool = SimPool.of(self.cfg, self.index, self.ledger, {e.id: info for e in engines}, on_change=self.pump)
         self.workers = list(self.pool.workers.values())
-        # The memo only ever vouches for longest_block_match jobs (the others wait only when no worker has room).
-        self.scheduler = MemoScheduler(self.cfg, self.pool, self.index, self.ledger, clock=timeline,
-                                       memo=memo and policy == "longest_block_match")
+        self.scheduler = MemoScheduler(self.cfg, self.pool, self.index, self.ledger, clock=timeline, memo=memo)
         self.engines = {e.id: e for e in engines}
         self.timeline = timeline
         self.event_delay_s = event_delay_s
