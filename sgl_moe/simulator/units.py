@@ -14,18 +14,41 @@ which is all the caches and the router see.
 from __future__ import annotations
 
 import array
+import sys
 from collections import OrderedDict
 from collections.abc import Iterator
-from hashlib import shake_128
+from hashlib import sha256, shake_128
 from typing import Literal
 
-from sgl_moe.router.block_hash import block_hash_chain
 from sgl_moe.workloads import Segment, WorkloadConfig, generate, segment_token_ids, unit_segments
 
 TokenIds = Literal["derived", "real"]
 
 MEMO_ENTRIES = 32768
 """Context prefixes whose hash chain is kept (least recently used dropped first)."""
+
+Chain = tuple[list[int], bytes, bytes | None]
+"""Block hashes of some tokens, the bytes of the tokens after the last full page, and the last page's digest."""
+
+_LITTLE = sys.byteorder == "little"
+
+
+def chain_bytes(chain: Chain, data: bytes, page: int) -> Chain:
+    """``chain`` continued over the token ids in ``data`` (uint32 little-endian, as SGLang hashes them):
+    the router's ``block_hash_chain`` on bytes, with no array conversions (the stream hashes millions of
+    pages; ``tests/simulator/test_parts`` checks the hashes are the router's)."""
+    hashes, tail, digest = chain
+    if tail:
+        data = tail + data
+    step = page * 4
+    full = len(data) // step * step
+    parent = digest or b""
+    new = []
+    to_int = int.from_bytes
+    for offset in range(0, full, step):
+        parent = sha256(parent + data[offset:offset + step]).digest()
+        new.append(to_int(parent[:8], "big", signed=True))
+    return (hashes + new if new else hashes), data[full:], (parent or digest)
 
 
 class SimUnit:
@@ -70,10 +93,11 @@ class UnitStream:
         self.cfg = cfg
         self.page = page
         self.token_ids = token_ids
-        self._memo: OrderedDict[tuple[str, ...], tuple[list[int], array.array, bytes | None]] = OrderedDict()
-        self._root: tuple[list[int], array.array, bytes | None] = ([], array.array("I"), None)
+        self._memo: OrderedDict[tuple[str, ...], Chain] = OrderedDict()
+        self._root: Chain = ([], b"", None)
         self._seen: set[int] | None = set() if oracle else None
         self._literals: dict[str, array.array] = {}
+        self._literal_bytes: dict[str, bytes] = {}
         self.units = 0
         self.tasks = 0
         self.prompt_tokens = 0
@@ -107,7 +131,28 @@ class UnitStream:
         ids.frombytes(shake_128(seg.key.encode()).digest(4 * seg.tokens))
         return ids
 
-    def _context_chain(self, context: list[Segment]) -> tuple[list[int], array.array, bytes | None]:
+    def _bytes(self, seg: Segment) -> bytes:
+        """``ids(seg)`` as uint32 little-endian bytes (derived ids are SHAKE-128 bytes read that way)."""
+        if self.token_ids == "real" or seg.key.startswith("\n"):
+            data = self._literal_bytes.get(seg.key)
+            if data is None:
+                ids = self.ids(seg)
+                if not _LITTLE:
+                    ids = array.array("I", ids)
+                    ids.byteswap()
+                data = ids.tobytes()
+                if seg.key.startswith("\n"):
+                    self._literal_bytes[seg.key] = data
+            return data
+        data = shake_128(seg.key.encode()).digest(4 * seg.tokens)
+        if not _LITTLE:  # ``ids`` reads these bytes as native uint32; hashing wants them little-endian
+            ids = array.array("I")
+            ids.frombytes(data)
+            ids.byteswap()
+            data = ids.tobytes()
+        return data
+
+    def _context_chain(self, context: list[Segment]) -> Chain:
         """Hash chain of the context, from the longest prefix already hashed; every prefix is kept."""
         memo = self._memo
         keys = tuple(s.key for s in context)
@@ -128,18 +173,12 @@ class UnitStream:
                 memo.popitem(last=False)
         return chain
 
-    def _extend(self, chain: tuple[list[int], array.array, bytes | None],
-                segments: list[Segment]) -> tuple[list[int], array.array, bytes | None]:
+    def _extend(self, chain: Chain, segments: list[Segment]) -> Chain:
         """The chain of ``chain``'s tokens followed by ``segments``' tokens."""
         if not segments:
             return chain
-        hashes, tail, digest = chain
-        tokens = array.array("I", tail)
-        for seg in segments:
-            tokens.extend(self.ids(seg))
-        new, digest = block_hash_chain(tokens, self.page, digest)
-        full = len(tokens) // self.page * self.page
-        return hashes + new, tokens[full:], digest
+        data = self._bytes(segments[0]) if len(segments) == 1 else b"".join(map(self._bytes, segments))
+        return chain_bytes(chain, data, self.page)
 
     def _oracle(self, hashes: list[int], tokens: int) -> int:
         seen = self._seen

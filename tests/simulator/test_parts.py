@@ -131,3 +131,15 @@ def test_h100_preset_matches_the_physics_notes():
     # T* (tokens whose compute hides the NVLink transfer) of the order physics.md gives (~10-40k)
     t_star = cal.hidden_theta("nvlink") / cal.flops.linear_flops_per_token
     assert 5_000 < t_star < 40_000
+
+
+def test_chain_bytes_is_the_routers_hash_chain_across_partial_pages():
+    from sgl_moe.simulator.units import chain_bytes
+
+    ids = array.array("I", range(7_000_000, 7_000_000 + 203))
+    chain = ([], b"", None)
+    for cut in (5, 16, 37, 40, 99, 150, 203):  # pieces that end mid-page and on a page boundary
+        start = len(chain[0]) * 16 + len(chain[1]) // 4
+        chain = chain_bytes(chain, ids[start:cut].tobytes(), 16)
+    assert chain[0] == block_hashes(ids, 16)
+    assert chain[1] == ids[len(chain[0]) * 16:].tobytes()
