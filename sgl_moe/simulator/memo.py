@@ -91,6 +91,8 @@ class MemoScheduler(Scheduler):
         """Slot -> certificates broken by any change to that worker's in-flight FLOPs."""
         self._on_release: dict[int, list[Certificate]] = {}
         """Slot -> certificates broken when that worker's in-flight FLOPs drop."""
+        self._on_room: dict[int, list[Certificate]] = {}
+        """Slot -> certificates broken when that worker (saturated) gets below Θ."""
         self._on_hold_end: dict[int, list[tuple[Certificate, float]]] = {}
         """Slot -> (certificate of a job held there, FLOPs of computing its promised blocks again): broken
         when that worker gets light enough for the duplicate to stay below Θ (the hold ends)."""
@@ -167,6 +169,13 @@ class MemoScheduler(Scheduler):
             for slot in w.slots.values():
                 break_slots(self._on_load, slot)
                 break_slots(self._on_release, slot)
+                room = self._on_room.get(slot)
+                if room:
+                    limit = w.theta * (1 + 1e-9) + 1.0
+                    if after < limit:
+                        break_slots(self._on_room, slot)
+                    else:
+                        self._on_room[slot] = [c for c in room if c.clean]
                 held = self._on_hold_end.get(slot)
                 if held:  # jobs held there: the router's test, ``inflight + duplicate <= Θ`` ends the hold
                     limit = w.theta * (1 + 1e-9) + 1.0
@@ -408,7 +417,7 @@ class MemoScheduler(Scheduler):
             # ``top_blocks + 1`` blocks; the time limits only make a spill more due.
             c = Certificate(self, job, view, job.waiting_for, None, INF, None, deferred=True)
             self._watch_blocks(job, top_blocks + 1)
-            watch_slots(self._on_load, top, c)
+            self._watch_best(c, top, best)
             self._collect()
             return c
         if best is not None and best.admissible and best.id == job.waiting_for:
@@ -458,7 +467,7 @@ class MemoScheduler(Scheduler):
                              - self._spill_k * max(0.0, free - job.waiting_cost))
             c = Certificate(self, job, view, job.waiting_for, ahead, expires, threshold)
             if best is not None and best.id == job.waiting_for and not best.admissible:
-                self._watch_waiting(c, groups, view, room_in_matched)
+                self._watch_waiting(c, groups, view, best, room_in_matched)
             else:  # held on the worker it would spill to: every matched worker's load and tables
                 watch_slots(self._on_load, matched, c)
                 watch_slots(self._on_index, matched, c)
@@ -470,7 +479,21 @@ class MemoScheduler(Scheduler):
         self._collect()
         return c
 
-    def _watch_waiting(self, c: Certificate, groups: list[tuple[int, int]], view: LoadOrder,
+    def _watch_best(self, c: Certificate, top: int, best: Worker) -> None:
+        """The saturated ``best`` stays the best (at the same cost) until it gets below Θ or another of the
+        deepest-matching workers (``top``, all saturated) gets as light as it: none can get heavier."""
+        best_slot = best.slots[0] if 0 in best.slots else min(best.slots.values())
+        m = top
+        while m:
+            low = m & -m
+            slot = low.bit_length() - 1
+            if slot == best_slot:
+                self._on_room.setdefault(slot, []).append(c)
+            else:
+                self._on_lighter.setdefault(slot, []).append((c, best))
+            m ^= low
+
+    def _watch_waiting(self, c: Certificate, groups: list[tuple[int, int]], view: LoadOrder, best: Worker,
                        room_in_matched: bool) -> None:
         """What a job waiting for its saturated best depends on, besides the queued cost ahead and time.
 
@@ -480,20 +503,22 @@ class MemoScheduler(Scheduler):
         group; the spill's finish only grows with its load, so the answer stands until that worker reaches
         Θ, or a worker matching as deep or deeper gets lighter (it may take its place). With no room among
         the matched workers the spill target is the lightest worker without a match: rule 5 (``threshold``)
-        and any matched worker getting lighter."""
+        and any matched worker getting below Θ. (A lighter best only makes waiting pay more.)"""
         top_blocks, top = groups[0]
         self._watch_blocks(c.job, top_blocks + 1)
-        watch_slots(self._on_load, top, c)
-        lighter = 0
+        self._watch_best(c, top, best)
+        deeper = 0
         for _, mask in groups[1:]:
-            lighter |= mask
             if room_in_matched:
                 alt = view.best_in(mask, admissible=True)
-                if alt is not None:
+                if alt is not None:  # the spill target: a lighter one spills sooner; at Θ another takes its place
                     slot = alt.slots[0] if 0 in alt.slots else min(alt.slots.values())
                     self._on_heavier.setdefault(slot, []).append((c, INF))
+                    self._on_release.setdefault(slot, []).append(c)
+                    deeper |= mask & ~(1 << slot)
                     break
-        watch_slots(self._on_release, lighter, c)
+            deeper |= mask
+        watch_slots(self._on_room, deeper, c)
 
     def _collect(self) -> None:
         """Drop certificates that no longer hold from the watch lists once they pile up."""
