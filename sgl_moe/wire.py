@@ -141,6 +141,8 @@ class SaturationInfo:
     """Requests in flight where throughput stopped growing (Θ = margin x their FLOPs)."""
     profile_seconds: float | None = None
     """Wall time the profile took at start-up."""
+    kv_pool_tokens: int | None = None
+    """The worker's KV pool in tokens when it profiled (levels stop where the prompts would not fit)."""
     profile_attempts: int | None = None
     """Whole profiles run until one was monotone (another process on the host can spoil one)."""
 

@@ -145,7 +145,8 @@ class ThroughputCalibrator(Calibrator):
 
     The same handshake as the streaming calibration: ``/sgl_moe/info`` reports the fallback with state
     ``calibrating`` until the profile ends, and the router re-reads the info until the state changes. Once
-    the server answers ``/health``, c clients (c = 1, 2, 4, ...) each send ``PROFILE_ROUNDS`` one-prompt
+    the server answers ``/health``, c clients (c = 1, 2, 4, ... while c prompts fit in the KV pool) each send
+    ``PROFILE_ROUNDS`` one-prompt
     ``/generate`` requests of random token ids (never a cache hit) back to back, so c requests are in
     flight as the router would keep them: SGLang batches them and overlaps its own per-request work
     (HTTP, tokenizer manager, scheduling) with the forwards. Θ is the FLOPs of the fewest requests in flight
@@ -203,12 +204,13 @@ class ThroughputCalibrator(Calibrator):
             return min(times)
 
         client(2)  # warm-up: first-call costs are not throughput
+        pool_tokens = self._kv_pool_tokens()
+        # More requests than the KV pool holds only queue inside SGLang (and a full pool thrashes): no level
+        # offers more prompt tokens than the pool has.
+        levels = [c for c in (2 ** i for i in range(PROFILE_MAX_CONCURRENCY.bit_length()))
+                  if c <= PROFILE_MAX_CONCURRENCY and (c == 1 or not pool_tokens or c * per_prompt <= pool_tokens)]
         for attempt in range(1, PROFILE_ATTEMPTS + 1):
-            points: list[tuple[int, float]] = []
-            c = 1
-            while c <= PROFILE_MAX_CONCURRENCY:
-                points.append((c, level_seconds(c)))
-                c *= 2
+            points = [(c, level_seconds(c)) for c in levels]
             self._flush(deadline)
             try:
                 result = saturation.from_throughput(points, prompt_flops, per_prompt, self.margin,
@@ -220,9 +222,19 @@ class ThroughputCalibrator(Calibrator):
                          PROFILE_RETRY_PAUSE_S)
                 time.sleep(PROFILE_RETRY_PAUSE_S)
                 continue
-            self.result = replace(result, details={**result.details, "profile_attempts": attempt})
+            self.result = replace(result, details={**result.details, "profile_attempts": attempt,
+                                                   "kv_pool_tokens": pool_tokens})
             log.info("Θ = %.4g FLOPs: %s", self.result.flops, self.result.source)
             return
+
+    def _kv_pool_tokens(self) -> int | None:
+        """The worker's KV pool in tokens (SGLang's ``max_total_num_tokens``), None if it does not say."""
+        try:
+            with urllib.request.urlopen(self.base_url + "/get_server_info", timeout=30) as resp:
+                value = json.loads(resp.read()).get("max_total_num_tokens")
+        except (urllib.error.URLError, OSError, ValueError):
+            return None
+        return int(value) if isinstance(value, int | float) and value > 0 else None
 
     def _flush(self, deadline: float) -> None:
         """Drop the profile's random prompts from the prefix cache (SGLang refuses while requests run)."""

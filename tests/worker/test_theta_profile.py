@@ -63,10 +63,16 @@ class _StandIn(BaseHTTPRequestHandler):
     def log_message(self, *args) -> None:
         pass
 
+    pool_tokens: int | None = None
+    """What ``/get_server_info`` reports as the KV pool (None: the route says nothing, as a stub would)."""
+
     def do_GET(self) -> None:
         self.send_response(200)
         self.end_headers()
-        self.wfile.write(b"ok")
+        if self.path == "/get_server_info" and _StandIn.pool_tokens:
+            self.wfile.write(json.dumps({"max_total_num_tokens": _StandIn.pool_tokens}).encode())
+        else:
+            self.wfile.write(b"ok")
 
     def do_POST(self) -> None:
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
@@ -157,3 +163,10 @@ def test_a_profile_never_monotone_keeps_the_fallback_and_says_so(monkeypatch):
     assert len(calls) == theta_calibration.PROFILE_ATTEMPTS
     assert theta.state == "failed" and f"{theta_calibration.PROFILE_ATTEMPTS} profile(s) tried" in theta.source
     assert theta.flops == pytest.approx(FLOPS.request_flops(0, 4096))  # the fallback: one full step
+
+
+def test_levels_stop_where_the_prompts_would_not_fit_in_the_kv_pool(monkeypatch):
+    monkeypatch.setattr(_StandIn, "pool_tokens", 2048)  # eight 256-token prompts
+    theta, calls = _profile_with(monkeypatch, [True])
+    assert calls == [[1, 2, 4, 8]] and theta.details["kv_pool_tokens"] == 2048
+    assert theta.state == "calibrated" and theta.details["saturation_batch"] == 4
