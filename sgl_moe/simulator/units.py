@@ -204,6 +204,8 @@ class FrozenUnits:
         self.tasks = stream.tasks
         self.prompt_tokens = stream.prompt_tokens
         self.oracle_cached = stream.oracle_cached
+        self.seconds = 0.0
+        """Wall seconds it took to generate and hash (set by ``experiments.freeze``)."""
 
     def __iter__(self) -> Iterator[SimUnit]:
         for rid, task, segments, tokens, hashes, context in self._rows:
