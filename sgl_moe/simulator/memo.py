@@ -145,6 +145,8 @@ class MemoScheduler(Scheduler):
         w = placement.worker
         if self.room is not None:
             self.room.reserved(w)
+        if not self.memo:
+            return
         full = not w.admissible
         load = w.inflight_flops
         for slot in w.slots.values():
@@ -161,10 +163,12 @@ class MemoScheduler(Scheduler):
                 self._on_heavier[slot] = keep
 
     def release(self, placement: Placement, *, ok: bool) -> None:
+        if not self.memo:
+            if self.room is not None and not placement.released:
+                self.room.released(placement.worker)
+            return super().release(placement, ok=ok)
         if not placement.released:
             w = placement.worker
-            if self.room is not None:
-                self.room.released(w)
             after = w.inflight_flops - placement.cost if w.inflight_requests > 1 else 0.0
             for slot in w.slots.values():
                 break_slots(self._on_load, slot)
@@ -329,6 +333,8 @@ class MemoScheduler(Scheduler):
             self._waiters.moved(job, None)
 
     def try_place(self, job: Job) -> Placement | None:
+        if not self.memo and self.cfg.policy != "longest_block_match":
+            return super().try_place(job)  # nothing to note: no certificates, and only this policy holds jobs
         c = self._certs.get(job)
         if (c is not None and c.clean and not c.deferred and self.ahead is not None and self.clock() < c.expires
                 and self.view is c.view and (c.ahead is None or self.ahead.get(c.waits_for, 0.0) == c.ahead)):
