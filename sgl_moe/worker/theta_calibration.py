@@ -151,7 +151,8 @@ class ThroughputCalibrator(Calibrator):
     ``PROFILE_ROUNDS`` one-prompt
     ``/generate`` requests of random token ids (never a cache hit) back to back, so c requests are in
     flight as the router would keep them: SGLang batches them and overlaps its own per-request work
-    (HTTP, tokenizer manager, scheduling) with the forwards. Θ is the FLOPs of the fewest requests in flight
+    (HTTP, tokenizer manager, scheduling) with the forwards; one untimed round of every level comes first (a
+    CPU backend builds its kernels on the first batch of each shape). Θ is the FLOPs of the fewest requests in flight
     that reach ``saturation.KNEE_FRACTION`` of the best FLOPs/s measured up to ``PROFILE_MAX_CONCURRENCY``.
     Then it flushes the prefix cache of the random prompts. Workers on one host profile one at a time
     (``PROFILE_LOCK``), so none measures another's profile; each level is timed ``PROFILE_REPEATS`` times
@@ -206,22 +207,23 @@ class ThroughputCalibrator(Calibrator):
             finally:
                 conn.close()
 
-        def level_seconds(c: int) -> float:
+        def level_seconds(c: int, repeats: int = PROFILE_REPEATS, rounds: int = PROFILE_ROUNDS) -> float:
             times = []
-            for _ in range(PROFILE_REPEATS):
+            for _ in range(repeats):
                 with ThreadPoolExecutor(c) as pool:
                     t0 = time.perf_counter()
-                    for f in [pool.submit(client, PROFILE_ROUNDS) for _ in range(c)]:
+                    for f in [pool.submit(client, rounds) for _ in range(c)]:
                         f.result()
-                    times.append((time.perf_counter() - t0) / PROFILE_ROUNDS)
+                    times.append((time.perf_counter() - t0) / rounds)
             return min(times)
 
-        client(2)  # warm-up: first-call costs are not throughput
         pool_tokens = self._kv_pool_tokens()
         # More requests than the KV pool holds only queue inside SGLang (and a full pool thrashes): no level
         # offers more prompt tokens than the pool has.
         levels = [c for c in (2 ** i for i in range(PROFILE_MAX_CONCURRENCY.bit_length()))
                   if c <= PROFILE_MAX_CONCURRENCY and (c == 1 or not pool_tokens or c * per_prompt <= pool_tokens)]
+        for c in levels:  # warm-up, untimed: a CPU backend builds its kernels on the first batch of each shape
+            level_seconds(c, repeats=1, rounds=1)
         for attempt in range(1, PROFILE_ATTEMPTS + 1):
             points = [(c, level_seconds(c)) for c in levels]
             self._flush(deadline)
