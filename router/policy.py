@@ -46,6 +46,11 @@ log = logging.getLogger("sgl_moe.router.decisions")
 
 Decision = tuple[Candidate | None, str]
 
+SPILL = "spill"
+"""The reason's start when the job goes to a worker other than its best-matching (saturated) one; the
+scheduler counts a spill when it reserves such a placement (a spill decision held on its target is not
+one)."""
+
 DEFERRED = "spill deferred"
 """The reason's start when a spill waits for the pump's second pass."""
 
@@ -64,7 +69,7 @@ class PlacementPolicy:
         self.cfg = cfg
         self.clock = clock
         self.stats = stats
-        """The scheduler's ``SchedulerStats`` (spills are counted here)."""
+        """The scheduler's ``SchedulerStats``."""
         self.queued_cost_before = queued_cost_before
         """FLOPs of the queued jobs ahead of a job that also wait for a worker (the scheduler's queue)."""
         self._rr = itertools.count()
@@ -156,12 +161,11 @@ class PlacementPolicy:
                 job.waiting_for, job.waiting_cost = best.worker.id, best.cost
                 return None, (f"{DEFERRED} to {alt.worker.id}: room goes first to queued jobs that recompute "
                               "nothing (first pass of the pump)")
-            self.stats.spills += 1
             if sooner:
-                return alt, (f"spill: best {best.worker.id} ({best.matched_blocks} blocks) is saturated; finishing "
+                return alt, (f"{SPILL}: best {best.worker.id} ({best.matched_blocks} blocks) is saturated; finishing "
                              f"here ({spill_finish:.3g} FLOPs ahead and own) plus the {extra:.3g} extra FLOPs it "
                              f"adds beats waiting behind {ahead:.3g}")
-            return alt, (f"spill: waited {waited:.1f} s (since the wait started; limit {job.wait_limit_s:.1f} s) "
+            return alt, (f"{SPILL}: waited {waited:.1f} s (since the wait started; limit {job.wait_limit_s:.1f} s) "
                          f"for saturated {best.worker.id}")
         job.waiting_for, job.waiting_cost = best.worker.id, best.cost
         return None, (f"waiting for {best.worker.id} ({best.matched_blocks} blocks, {waited:.1f} s of at most "

@@ -36,7 +36,7 @@ from sgl_moe.router.fast_path import FastPath
 from sgl_moe.router.job import Job, Placement
 from sgl_moe.router.load_order import LoadOrder
 from sgl_moe.router.pending import PendingLedger
-from sgl_moe.router.policy import DEFERRED, PlacementPolicy
+from sgl_moe.router.policy import DEFERRED, SPILL, PlacementPolicy
 from sgl_moe.router.worker import PINNED_THETA_SOURCE, Worker
 from sgl_moe.router.worker_pool import WorkerPool
 
@@ -96,7 +96,10 @@ class Scheduler:
       reservation), ``uniform_view``, ``any_admissible`` and the property ``view``;
     - attributes ``queue`` (a deque; a subclass may replace it with a deque subclass before any job
       arrives), ``stats``, ``clock``, ``scan_all`` and ``ahead`` (a pump override installs its own
-      running sums there for its scan and restores the previous value after).
+      running sums there for its scan and restores the previous value after); ``policy`` (the
+      ``PlacementPolicy``: a pump override sets its ``defer_spills`` for a first pass, and may hand its
+      ``next_round_robin`` a shorter list of the workers that may have room), ``fast_path`` and
+      ``last_deferred`` (whether the last queued job's spill was deferred).
     """
 
     def __init__(self, cfg: RouterConfig, pool: WorkerPool, index: BlockIndex, ledger: PendingLedger,
@@ -387,6 +390,8 @@ class Scheduler:
         decision = self._note_decision(t0)
         queued = self.clock() - job.arrived
         self.stats.dispatched += 1
+        if reason.startswith(SPILL + ":"):
+            self.stats.spills += 1
         if job.future is not None:
             self.queue_wait.append(queued)
         if log.isEnabledFor(logging.DEBUG):

@@ -30,7 +30,7 @@ HOOKS: dict[type, tuple[str, ...]] = {
     BlockIndex: ("holders",),
 }
 """Methods and properties documented as hooks for the simulator."""
-SCHEDULER_ATTRIBUTES = ("queue", "ahead", "stats", "clock", "scan_all")
+SCHEDULER_ATTRIBUTES = ("queue", "ahead", "stats", "clock", "scan_all", "policy", "fast_path", "last_deferred")
 """Scheduler attributes the simulator reads or sets, named in the class docstring's hook list."""
 INDEX_MUTATORS = ("add_target", "remove_target", "store", "remove", "clear_committed", "promise", "retire",
                   "match_groups")
