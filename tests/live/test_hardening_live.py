@@ -17,7 +17,9 @@ import pytest
 from sgl_moe.harness.worker_process import WorkerProcess, WorkerStartError
 from sgl_moe.patches.debug_fault import ENV_VAR
 
-WORKER_ARGS = ["--max-total-tokens", "16384"]  # as conftest's shared workers
+WORKER_ARGS = ["--max-total-tokens", "16384", "--no-moe-theta-profile"]
+"""As conftest's shared workers, without the start-up Θ profile: its random prompts would hit the planted
+fault token and kill the worker before the test starts."""
 CRASH = 4000  # a token id the shipped tokenizer never produces from the text below
 ADMIN = "live-admin-key"
 
