@@ -24,7 +24,7 @@ from sgl_moe.wire import (
 )
 from sgl_moe.worker.args import MoeArgs
 from sgl_moe.worker.info import build_info, public_view, with_saturation
-from sgl_moe.worker.theta_calibration import Calibrator, ThroughputCalibrator, WorkerShape
+from sgl_moe.worker.theta_calibration import Calibrator, Keys, ThroughputCalibrator, WorkerShape
 
 
 def _hf_config(model_path: str) -> dict[str, Any]:
@@ -44,7 +44,8 @@ def _context_length(resolved: int | None, hf_config: dict[str, Any]) -> int:
     return int(cfg.get("max_position_embeddings") or 0)
 
 
-def _theta_source(moe: MoeArgs, profile_dir: str | None, base_url: str, shape) -> Callable[[], SaturationThreshold]:
+def _theta_source(moe: MoeArgs, profile_dir: str | None, base_url: str, shape,
+                  keys: Keys) -> Callable[[], SaturationThreshold]:
     """Θ as it stands: manual; the streaming calibrator's or the throughput profile's current value (each
     reports the fallback with state ``calibrating`` until it ends); or fixed (Eq. 3 without transfer) when
     the profile is off."""
@@ -52,7 +53,7 @@ def _theta_source(moe: MoeArgs, profile_dir: str | None, base_url: str, shape) -
         fixed = saturation.manual(moe.saturation_flops)
         return lambda: fixed
     if (not moe.streaming or profile_dir is None) and moe.theta_profile:
-        profiler = ThroughputCalibrator(base_url, shape, moe.saturation_margin, moe.calibration_timeout_s)
+        profiler = ThroughputCalibrator(base_url, shape, moe.saturation_margin, moe.calibration_timeout_s, keys)
         profiler.start()
         return profiler.current
     if not moe.streaming or profile_dir is None:
@@ -61,7 +62,7 @@ def _theta_source(moe: MoeArgs, profile_dir: str | None, base_url: str, shape) -
             return saturation.without_transfer(s.flops.request_flops(0, s.step_tokens), s.step_tokens,
                                                moe.saturation_margin)
         return fixed_theta
-    calibrator = Calibrator(base_url, profile_dir, shape, moe.saturation_margin, moe.calibration_timeout_s)
+    calibrator = Calibrator(base_url, profile_dir, shape, moe.saturation_margin, moe.calibration_timeout_s, keys)
     calibrator.start()
     return calibrator.current
 
@@ -140,7 +141,11 @@ def install_routes(server_args, moe: MoeArgs, device: str, profile_dir: str | No
                            _context_length(a.context_length, hf_config), int(cfg["vocab_size"]))
 
     host = "127.0.0.1" if server_args.host in ("0.0.0.0", "", None, "*") else server_args.host
-    theta = _theta_source(moe, profile_dir, f"http://{host}:{server_args.port}", shape)
+    def keys() -> tuple[str | None, str | None]:
+        a = resolving_view(server_args)
+        return a.api_key, a.admin_api_key
+
+    theta = _theta_source(moe, profile_dir, f"http://{host}:{server_args.port}", shape, keys)
 
     def info() -> wire.WorkerInfo:
         if "info" not in cache:

@@ -42,10 +42,19 @@ class WorkerShape:
     vocab_size: int
 
 
+Keys = Callable[[], tuple[str | None, str | None]]
+"""The worker's own ``(--api-key, --admin-api-key)``, read when the calibration runs."""
+
+
+def _no_keys() -> tuple[None, None]:
+    return None, None
+
+
 class Calibrator:
     def __init__(self, base_url: str, profile_dir: str, shape: Callable[[], WorkerShape], margin: float,
-                 timeout_s: float) -> None:
+                 timeout_s: float, keys: Keys = _no_keys) -> None:
         self.base_url = base_url
+        self._keys = keys
         self.profile_dir = profile_dir
         self._shape = shape
         self.margin = margin
@@ -99,9 +108,16 @@ class Calibrator:
             time.sleep(0.5)
         raise TimeoutError("the server did not become healthy in time")
 
-    def _post(self, path: str, body: dict, deadline: float) -> None:
+    def headers(self, *, admin: bool = False) -> dict[str, str]:
+        """What SGLang's middleware asks of this worker's own requests: its --api-key on normal routes (none
+        without one); on admin routes (``/flush_cache``) its --admin-api-key, else its --api-key."""
+        api_key, admin_key = self._keys()
+        key = (admin_key or api_key) if admin else api_key
+        return {"Content-Type": "application/json", **({"Authorization": f"Bearer {key}"} if key else {})}
+
+    def _post(self, path: str, body: dict, deadline: float, *, admin: bool = False) -> None:
         req = urllib.request.Request(self.base_url + path, data=json.dumps(body).encode(),
-                                     headers={"Content-Type": "application/json"})
+                                     headers=self.headers(admin=admin))
         with urllib.request.urlopen(req, timeout=max(1.0, deadline - time.monotonic())) as resp:
             resp.read()
 
@@ -161,8 +177,9 @@ class ThroughputCalibrator(Calibrator):
     ``--moe-saturation-flops`` or ``--no-moe-theta-profile`` skips it.
     """
 
-    def __init__(self, base_url: str, shape: Callable[[], WorkerShape], margin: float, timeout_s: float) -> None:
-        super().__init__(base_url, "", shape, margin, timeout_s)
+    def __init__(self, base_url: str, shape: Callable[[], WorkerShape], margin: float, timeout_s: float,
+                 keys: Keys = _no_keys) -> None:
+        super().__init__(base_url, "", shape, margin, timeout_s, keys)
 
     def _run(self) -> None:
         deadline = time.monotonic() + self.timeout_s
@@ -199,7 +216,7 @@ class ThroughputCalibrator(Calibrator):
             try:
                 for _ in range(rounds):
                     body = json.dumps({"input_ids": prompt(), "sampling_params": {"max_new_tokens": 1}})
-                    conn.request("POST", "/generate", body=body, headers={"Content-Type": "application/json"})
+                    conn.request("POST", "/generate", body=body, headers=self.headers())
                     resp = conn.getresponse()
                     resp.read()
                     if resp.status != 200:
@@ -245,7 +262,8 @@ class ThroughputCalibrator(Calibrator):
     def _kv_pool_tokens(self) -> int | None:
         """The worker's KV pool in tokens (SGLang's ``max_total_num_tokens``), None if it does not say."""
         try:
-            with urllib.request.urlopen(self.base_url + "/get_server_info", timeout=30) as resp:
+            req = urllib.request.Request(self.base_url + "/get_server_info", headers=self.headers())
+            with urllib.request.urlopen(req, timeout=30) as resp:
                 value = json.loads(resp.read()).get("max_total_num_tokens")
         except (urllib.error.URLError, OSError, ValueError):
             return None
@@ -255,7 +273,9 @@ class ThroughputCalibrator(Calibrator):
         """Drop the profile's random prompts from the prefix cache (SGLang refuses while requests run)."""
         while time.monotonic() < deadline:
             try:
-                self._post("/flush_cache", {}, deadline)
+                self._post("/flush_cache", {}, deadline, admin=True)
                 return
-            except urllib.error.HTTPError:
+            except urllib.error.HTTPError as exc:
+                if exc.code in (401, 403):
+                    raise CalibrationError(f"the worker refused its own /flush_cache (HTTP {exc.code})") from None
                 time.sleep(0.2)

@@ -79,8 +79,20 @@ class _StandIn(BaseHTTPRequestHandler):
         else:
             self.wfile.write(b"ok")
 
+    keys: tuple[str, str] | None = None
+    """(api key, admin key) the stand-in demands, as SGLang's middleware does: /generate the api key,
+    /flush_cache the admin key."""
+
     def do_POST(self) -> None:
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        if _StandIn.keys is not None:
+            want = _StandIn.keys[1] if self.path == "/flush_cache" else _StandIn.keys[0]
+            if self.headers.get("Authorization") != f"Bearer {want}":
+                self.seen.append(f"401 {self.path}")
+                self.send_response(401)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+                return
         if self.path == "/generate":
             assert len(body["input_ids"]) == 256 and isinstance(body["input_ids"][0], int)
             with _StandIn.lock:
@@ -126,7 +138,7 @@ def test_profile_finds_the_knee_reports_it_and_the_router_installs_it():
     assert w.theta == pytest.approx(theta.flops) and "measured throughput profile" in w.theta_source
 
 
-def _profile_with(monkeypatch, outcomes: list[bool]) -> tuple:
+def _profile_with(monkeypatch, outcomes: list[bool], keys=None) -> tuple:
     """Run the profile against the stand-in; the n-th whole profile is usable iff ``outcomes[n]``."""
     from sgl_moe.worker import theta_calibration
 
@@ -147,7 +159,8 @@ def _profile_with(monkeypatch, outcomes: list[bool]) -> tuple:
     _StandIn.seen = []
     try:
         shape = WorkerShape(FLOPS, step_tokens=4096, context_length=4096, vocab_size=4096)
-        cal = ThroughputCalibrator(f"http://127.0.0.1:{server.server_address[1]}", lambda: shape, 1.0, 60.0)
+        cal = ThroughputCalibrator(f"http://127.0.0.1:{server.server_address[1]}", lambda: shape, 1.0, 60.0,
+                                   **({"keys": keys} if keys else {}))
         cal.start()
         cal._thread.join(120)
         assert not cal._thread.is_alive(), "the profile did not end"
@@ -177,3 +190,17 @@ def test_levels_stop_where_the_prompts_would_not_fit_in_the_kv_pool(monkeypatch)
     theta, calls = _profile_with(monkeypatch, [True])
     assert calls == [[1, 2, 4, 8]] and theta.details["kv_pool_tokens"] == 2048
     assert theta.state == "calibrated" and theta.details["saturation_batch"] == 4
+
+
+def test_a_worker_with_keys_profiles_with_its_own_keys(monkeypatch):
+    monkeypatch.setattr(_StandIn, "keys", ("client-key", "admin-key"))
+    theta, calls = _profile_with(monkeypatch, [True], keys=lambda: ("client-key", "admin-key"))
+    assert theta.state == "calibrated" and not [x for x in _StandIn.seen if x.startswith("401")]
+    assert _StandIn.seen[-1] == "/flush_cache"
+
+
+def test_a_profile_the_worker_refuses_fails_at_once_and_says_why(monkeypatch):
+    monkeypatch.setattr(_StandIn, "keys", ("client-key", "admin-key"))
+    t0 = time.monotonic()
+    theta, calls = _profile_with(monkeypatch, [True], keys=lambda: ("wrong", "wrong"))
+    assert theta.state == "failed" and "401" in theta.source and time.monotonic() - t0 < 30
