@@ -95,7 +95,7 @@ class WorkerProcess:
                     if client.get(f"{self.url}/health").status_code == 200:
                         info = client.get(f"{self.url}/sgl_moe/info")
                         # Ready once its Θ profile (start-up requests of its own) has ended.
-                        if info.status_code == 200 and info.json()["saturation"]["state"] != "calibrating":
+                        if info.status_code == 200 and info.json().get("saturation", {}).get("state") != "calibrating":
                             self.ready_seconds = time.time() - self.started_at
                             return info.json()
                 except httpx.TransportError:
