@@ -247,7 +247,9 @@ def test_worker_killed_mid_request(cluster, worker_factory, router_factory):
     cannot tell a kill from a request that crashed it), both get a clear 502, and the same prefill-only request
     is then refused; the dead worker leaves rotation, and comes back (with an empty table) when restarted."""
     victim = worker_factory()
-    router = router_factory([cluster[0], victim], "--health-interval-s", "0.5")
+    # Θ pinned far above both requests: this test is about a death, not admission (a Θ profiled on a loaded
+    # host can be one request, and the second would then wait for the first to finish).
+    router = router_factory([cluster[0], victim], "--health-interval-s", "0.5", "--saturation-flops", "1e15")
     vid = by_url(router)[victim.url]["id"]
     prefix = unique_text(40)
     httpx.post(f"{victim.url}/generate", json={"text": prefix, "sampling_params": {"max_new_tokens": 1}},
