@@ -167,11 +167,7 @@ class Scheduler:
         placement.released = True
         worker = placement.worker
         worker.inflight_requests -= 1
-        worker.completed_flops += placement.cost
-        worker.completed_requests += 1
-        if not worker.inflight_requests and worker.busy_since is not None:
-            worker.busy_seconds += self.clock() - worker.busy_since
-            worker.busy_since = None
+        worker.note_finished(placement.cost, self.clock())
         before = worker.inflight_flops
         # The same number that was added at dispatch; exactly zero when idle (no float residue).
         worker.inflight_flops = worker.inflight_flops - placement.cost if worker.inflight_requests else 0.0
@@ -377,8 +373,7 @@ class Scheduler:
         w.inflight_flops += c.cost
         if self._view is not None:
             self._view.moved(w, before)
-        if not w.inflight_requests:
-            w.busy_since = self.clock()
+        w.note_started(self.clock())
         w.inflight_requests += 1
         w.peak_inflight_requests = max(w.peak_inflight_requests, w.inflight_requests)
         w.counters.requests += 1

@@ -123,6 +123,19 @@ class Worker:
     def instance_id(self) -> str | None:
         return self.info.instance_id
 
+    def note_started(self, now: float) -> None:
+        """A request is about to be counted in flight (before ``inflight_requests`` grows)."""
+        if not self.inflight_requests:
+            self.busy_since = now
+
+    def note_finished(self, flops: float, now: float) -> None:
+        """A request of ``flops`` ended (after ``inflight_requests`` shrank): its work counts toward the speed."""
+        self.completed_flops += flops
+        self.completed_requests += 1
+        if not self.inflight_requests and self.busy_since is not None:
+            self.busy_seconds += now - self.busy_since
+            self.busy_since = None
+
     def observed_flops_per_s(self, now: float) -> float | None:
         """FLOPs this worker completed per second it was busy (the real workload's speed, batching included);
         None before ``MIN_OBSERVED_REQUESTS`` requests ended."""
