@@ -18,6 +18,7 @@ from typing import Protocol
 from sgl_moe.router.job import Job
 from sgl_moe.router.load_order import LoadOrder
 from sgl_moe.router.scheduler import PUMP_SCAN_LIMIT
+from sgl_moe.router.worker import Worker
 
 
 class DirtySink(Protocol):
@@ -29,7 +30,8 @@ class DirtySink(Protocol):
 class Certificate:
     """Why a queued job's last scoring still holds (see the module docstring)."""
 
-    __slots__ = ("job", "view", "waits_for", "ahead", "expires", "threshold", "clean", "owner", "deferred")
+    __slots__ = ("job", "view", "waits_for", "ahead", "expires", "threshold", "clean", "owner", "deferred",
+                 "needs_room")
 
     def __init__(self, owner: DirtySink, job: Job, view: LoadOrder, waits_for: str, ahead: float | None,
                  expires: float, threshold: float | None, deferred: bool = False) -> None:
@@ -47,6 +49,10 @@ class Certificate:
         """The job's spill was deferred (first pass of a pump): this vouches only that its best worker, still
         saturated, and its cost there are unchanged, so a first pass leaves the job as it is (waiting for that
         worker at that cost) whether it would defer its spill again or wait; not whether it would spill."""
+        self.needs_room: Worker | None = None
+        """A held job's best worker: the answer (held there) stands only while that worker has room. While it is
+        saturated the job is scored whenever a pass reaches it (``revisit``); once it has room again, the job
+        is held as before (nothing else it depends on moves with that worker's saturation alone)."""
         self.clean = True
 
     @property
@@ -58,9 +64,19 @@ class Certificate:
         return "rule5" if self.threshold is not None else "waiting"
 
     def dirty(self) -> None:
+        """The answer may have changed: the job is scored when a pass next reaches it."""
         if self.clean:
             self.clean = False
             self.owner.mark_dirty(self.job)
+
+    def revisit(self) -> None:
+        """``needs_room`` got saturated: the job is visited by the next pass, which scores it only if that worker
+        is still saturated then (``holds``)."""
+        self.owner.mark_dirty(self.job)
+
+    def holds(self) -> bool:
+        """Clean, and a held job's worker has room."""
+        return self.clean and (self.needs_room is None or self.needs_room.admissible)
 
 
 class QueueLog(deque):
@@ -146,13 +162,6 @@ class Waiters:
         if i == len(jobs) or jobs[i][0] != n:
             raise RuntimeError(f"queued job {n} is not listed as waiting for {worker_id}")
         del jobs[i]
-
-
-def watch_slots(lists: dict[int, list[Certificate]], mask: int, c: Certificate) -> None:
-    while mask:
-        low = mask & -mask
-        lists.setdefault(low.bit_length() - 1, []).append(c)
-        mask ^= low
 
 
 def break_slots(lists: dict[int, list[Certificate]], slot: int) -> None:

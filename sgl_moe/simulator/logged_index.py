@@ -34,6 +34,8 @@ class LoggedBlockIndex(BlockIndex):
         """Block hash -> queued jobs whose certificate breaks when any table gains or loses it."""
         self.certificates: dict[Job, Certificate | None] = {}
         """Queued job -> its certificate (None: its last scoring gave none); written by the MemoScheduler."""
+        self._watched: dict[Job, int] = {}
+        """Queued job -> how many of its leading blocks are in ``watch``."""
         self._matches: dict[int, tuple[Sequence[int], int, list[tuple[int, int]]]] = {}
         """id(hash list) -> (the list, the slot mask asked, the answer)."""
         self._readers: dict[int, set[int]] = {}
@@ -49,6 +51,31 @@ class LoggedBlockIndex(BlockIndex):
                 return True
             mask ^= low
         return False
+
+    def watch_job(self, job: Job, upto: int) -> None:
+        """Break the job's certificates when a table gains or loses any of its first ``upto`` blocks."""
+        have = self._watched.get(job, 0)
+        if upto > have:
+            watch = self.watch
+            for h in job.keys[0][have:upto]:
+                jobs = watch.get(h)
+                if jobs is None:
+                    watch[h] = {job}
+                else:
+                    jobs.add(job)
+            self._watched[job] = upto
+
+    def unwatch_job(self, job: Job) -> None:
+        """The job left the queue: its blocks are no longer watched for it."""
+        have = self._watched.pop(job, 0)
+        if have:
+            watch = self.watch
+            for h in job.keys[0][:have]:
+                jobs = watch.get(h)
+                if jobs is not None:
+                    jobs.discard(job)
+                    if not jobs:
+                        del watch[h]
 
     def match_groups(self, hashes: Sequence[int], slots_mask: int) -> list[tuple[int, int]]:
         """``BlockIndex.match_groups``, remembered per hash list until a table gains or loses a block the answer

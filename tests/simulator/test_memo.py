@@ -20,10 +20,11 @@ from sgl_moe.router.policy import DEFERRED, PlacementPolicy
 from sgl_moe.router.scheduler import SchedulerStats
 from sgl_moe.router.worker_pool import WorkerPool
 from sgl_moe.simulator import SimConfig, Simulation, UnitStream, h100_30b
-from sgl_moe.simulator.certificate import QueueLog, Waiters
+from sgl_moe.simulator.certificate import Certificate, QueueLog, Waiters
 from sgl_moe.simulator.logged_index import LoggedBlockIndex
 from sgl_moe.simulator.router_frontend import worker_info
 from sgl_moe.simulator.spill_rule import spill_penalty
+from sgl_moe.simulator.watch_lists import WatchLists
 from sgl_moe.workloads import WorkloadConfig
 
 
@@ -51,6 +52,7 @@ def test_memo_places_as_the_plain_scheduler_in_a_backlog(workers, requests, thet
     assert with_memo == plain
     # every shortcut was taken (else this test would prove nothing about it)
     assert memo.certified["deferred"] > 100 and memo.certified["held"] > 50 and memo.certified["rule5"] > 100
+    assert memo.held_again > 5  # held jobs kept through their worker's saturation (``Certificate.needs_room``)
     assert memo.scored < reference.scored / 5
 
 
@@ -132,3 +134,43 @@ def test_waiters_sum_the_cost_ahead_in_queue_order():
                 if other.waiting_for is not None:
                     running[other.waiting_for] = running.get(other.waiting_for, 0.0) + other.waiting_cost
             assert waiters.get(w, 0.0) == running.get(w, 0.0)
+
+
+class _Sink:
+    def __init__(self):
+        self.marked = []
+
+    def mark_dirty(self, job):
+        self.marked.append(job.rid)
+
+
+def test_a_held_job_is_revisited_when_its_worker_saturates_and_broken_when_another_gets_lighter():
+    cal = h100_30b()
+    cfg = RouterConfig(policy="longest_block_match", saturation_flops=cal.theta)
+    info = worker_info(cal, cal.theta)
+    index = BlockIndex()
+    pool = WorkerPool.without_http(cfg, index, PendingLedger(index, ttl_s=1.0), lambda: None)
+    a, b = pool.admit("x://a", info, worker_id="a"), pool.admit("x://b", info, worker_id="b")
+    theta = a.theta
+    watches, sink = WatchLists(), _Sink()
+    job = Job(rid="held", prompt_lens=[64], keys=[[1, 2, 3]], arrived=0.0)
+    c = Certificate(sink, job, None, "a", None, float("inf"), None)
+    c.needs_room = a
+    (slot_a,) = a.slots.values()
+    a.inflight_flops, b.inflight_flops = 0.5 * theta, 0.8 * theta
+    watches.add(watches.on_heavier, slot_a, (c, (b,)))
+
+    a.inflight_flops = 0.7 * theta  # heavier, still the lightest of the two: nothing to do
+    watches.reserved(a)
+    assert c.clean and sink.marked == [] and c.holds()
+    b.inflight_flops = 1.5 * theta  # b saturated too: a stays the best when it saturates
+    a.inflight_flops = 1.2 * theta
+    watches.reserved(a)
+    assert c.clean and sink.marked == ["held"]  # visited by the next pass, scored there only while a is saturated
+    assert not c.holds()
+    a.inflight_flops = 0.6 * theta  # a request of a ended: room again, held as before
+    assert c.holds()
+    b.inflight_flops = 0.65 * theta  # b got lighter than it was (its own release is watched elsewhere) ...
+    a.inflight_flops = 0.7 * theta  # ... and a reservation makes a heavier than b: b is the best now
+    watches.reserved(a)
+    assert not c.clean and sink.marked == ["held", "held"]
