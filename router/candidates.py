@@ -41,9 +41,10 @@ def job_cost(worker: Worker, job: Job, cached: list[int] | tuple[int, ...]) -> f
     """FLOPs the worker spends on the job given the cached prefix of each prompt (Eq. 2, causal).
 
     Prompts of one request that share a prefix (``/v1/score`` items after their query) compute it once.
+    Every prompt also costs the worker's fixed per-request work (``Worker.request_overhead_flops``).
     """
     f = worker.flops
-    total = 0.0
+    total = worker.request_overhead_flops * len(job.prompt_lens)
     shared = job.shared_prefix_len
     for i, (n, c) in enumerate(zip(job.prompt_lens, cached)):
         if i > 0 and shared:
@@ -68,7 +69,7 @@ def score_all(index: BlockIndex, job: Job, workers: list[Worker]) -> list[Candid
     first = matches[0] if matches else {}
     matched_slots = set().union(*matches) if n_prompts > 1 else set(first)
     zero = (0,) * n_prompts
-    zero_cost: dict[FlopsModel, float] = {}
+    zero_cost: dict[tuple[FlopsModel, float], float] = {}
     costs: dict[tuple, float] = {}  # workers with the same model and the same hits cost the same
     out = []
     for w in workers:
@@ -78,16 +79,16 @@ def score_all(index: BlockIndex, job: Job, workers: list[Worker]) -> list[Candid
         else:  # the attention-DP rank holding the longest prefix of the first prompt takes the request
             rank, slot = max(slots.items(), key=lambda rs: (first.get(rs[1], 0), -rs[0]))
         if slot not in matched_slots:
-            cost = zero_cost.get(w.flops)
+            cost = zero_cost.get(w.cost_model)
             if cost is None:
-                cost = zero_cost[w.flops] = job_cost(w, job, list(zero))
+                cost = zero_cost[w.cost_model] = job_cost(w, job, list(zero))
             out.append(Candidate(w, slot, rank, 0, zero, cost))
             continue
         page = w.page_size
         # SGLang recomputes at least the last prompt token (it needs its logits).
         cached = tuple(min(m.get(slot, 0) * page, ((n - 1) // page) * page)
                        for n, m in zip(job.prompt_lens, matches))
-        key = (w.flops, cached)
+        key = (w.cost_model, cached)
         cost = costs.get(key)
         if cost is None:
             cost = costs[key] = job_cost(w, job, list(cached))

@@ -6,7 +6,8 @@ make it win. ``LoadOrder`` finds such workers without scanning the pool: it keep
 FLOPs, id, worker)`` sorted and is told by the scheduler whenever a reservation moves a worker.
 
 Invariants: a worker's ``inflight_flops`` changes only through the scheduler's reserve/release, which
-call ``moved``; ``theta``, ``flops`` and ``slots`` of a worker never change while it is in the pool.
+call ``moved``; ``slots`` of a worker never change while it is in the pool, and ``theta`` and the cost model
+only through ``Worker.install``, after which the scheduler builds a new view (``built_after``).
 A view is built for one list of routable workers (``key``) and rebuilt when that list changes. The
 scheduler uses it only when it is ``uniform`` (one Θ and one FLOPs model), where every ordering the
 policies use is monotone in in-flight FLOPs alone.
@@ -18,6 +19,7 @@ from bisect import bisect_left, bisect_right, insort
 from collections.abc import Callable
 from operator import itemgetter
 
+from sgl_moe.router import worker as worker_module
 from sgl_moe.router.worker import Worker
 
 _inflight = itemgetter(0)
@@ -34,8 +36,12 @@ class LoadOrder:
         self.key: tuple[Worker, ...] = tuple(workers)
         """The routable list this view was built for; an equal tuple means the view is still valid."""
         first = workers[0] if workers else None
-        self.uniform = first is not None and all(w.theta == first.theta and w.flops == first.flops for w in workers)
-        """One Θ and one FLOPs model for every worker: the precondition of every query below."""
+        self.uniform = first is not None and all(w.theta == first.theta and w.cost_model == first.cost_model
+                                                 for w in workers)
+        """One Θ and one cost model (FLOPs model, request overhead) for every worker: the precondition of every
+        query below."""
+        self.built_after = worker_module.INSTALLS
+        """``worker.INSTALLS`` when built: a later install may have changed a Θ or a cost model."""
         self.single_slot = all(len(w.slots) == 1 for w in workers)
         """No worker has several attention-DP ranks."""
         self.theta: float = first.theta if first else 0.0

@@ -29,6 +29,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from sgl_moe.router import worker as worker_module
 from sgl_moe.router.block_index import BlockIndex
 from sgl_moe.router.candidates import Candidate, job_cost, score_all
 from sgl_moe.router.config import RouterConfig
@@ -287,7 +288,7 @@ class Scheduler:
 
         Hook: the simulator's memo compares views to know when the routable set changed."""
         view = self._view
-        if view is None or view.stale or view.key != tuple(workers):
+        if view is None or view.stale or view.built_after != worker_module.INSTALLS or view.key != tuple(workers):
             view = self._view = LoadOrder(workers)
         return view if view.uniform else None
 

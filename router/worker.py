@@ -52,6 +52,10 @@ class WorkerCounters:
     restarts: int = 0
 
 
+INSTALLS = 0
+"""Times any worker installed an info (Θ or the request overhead may have changed): a load-ordered view
+built before the latest install is rebuilt (``Scheduler.uniform_view``)."""
+
 MIN_OBSERVED_REQUESTS = 4
 """Requests a worker must have finished before the router trusts the speed it observed there."""
 
@@ -69,6 +73,9 @@ class Worker:
     theta_source: str
     slots: dict[int, int]
     """Attention-DP rank -> slot of its tables in the BlockIndex."""
+    request_overhead_flops: float = 0.0
+    """What one prompt costs here beyond its FLOPs, in FLOPs-equivalent (the worker's measured
+    ``request_overhead_flops``; 0 when it did not measure one). Installed with Θ (``install``)."""
     state: str = HEALTHY
     inflight_flops: float = 0.0
     inflight_requests: int = 0
@@ -107,13 +114,22 @@ class Worker:
 
     def install(self, info: WorkerInfo, pinned_theta: float | None) -> None:
         """Adopt the worker's latest info and its Θ (seed 000 App. B.4: installed on receipt), unless the
-        router's ``--saturation-flops`` (``pinned_theta``) pins Θ for every worker."""
+        router's ``--saturation-flops`` (``pinned_theta``) pins Θ for every worker. The request overhead is
+        the worker's measurement either way (it is what a request costs there, not a threshold)."""
+        global INSTALLS
+        INSTALLS += 1
         self.info = info
+        self.request_overhead_flops = info.saturation.request_overhead_flops or 0.0
         if pinned_theta is not None:
             self.theta, self.theta_source = pinned_theta, PINNED_THETA_SOURCE
         else:
             origin = "router" if self.learned else "worker"  # a plain worker's Θ is the router's estimate
             self.theta, self.theta_source = info.saturation.flops, f"{origin}: {info.saturation.source}"
+
+    @property
+    def cost_model(self) -> tuple[FlopsModel, float]:
+        """What a job's cost here depends on besides the cached prefix: equal for two workers, equal costs."""
+        return self.flops, self.request_overhead_flops
 
     @property
     def page_size(self) -> int:
@@ -167,6 +183,7 @@ class Worker:
             "learned": self.learned or {"info": f"the worker itself (GET {INFO_PATH})"},
             "committed_blocks": committed, "pending_blocks": pending,
             "inflight_flops": self.inflight_flops, "theta_flops": self.theta, "theta_source": self.theta_source,
+            "request_overhead_flops": self.request_overhead_flops,
             "inflight_requests": self.inflight_requests, "peak_inflight_requests": self.peak_inflight_requests,
             "completed_requests": self.completed_requests,
             "observed_flops_per_s": self.observed_flops_per_s(time.monotonic()),

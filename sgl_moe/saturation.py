@@ -76,9 +76,10 @@ measured something else (other processes on the host); the profile is refused (t
 
 
 def from_throughput(points: list[tuple[int, float]], prompt_flops: float, prompt_tokens: int, margin: float,
-                    seconds: float, knee: float = KNEE_FRACTION) -> SaturationThreshold:
+                    seconds: float, knee: float = KNEE_FRACTION, overhead_flops: float = 0.0) -> SaturationThreshold:
     """Θ where throughput stops growing: ``points`` are ``(requests in flight, seconds per round of them)``
-    for ``prompt_tokens``-token prompts costing ``prompt_flops`` each.
+    for ``prompt_tokens``-token prompts costing ``prompt_flops`` each, plus ``overhead_flops`` per request
+    (``request_overhead``: the router counts a request as its FLOPs plus that, and so do Θ and the rates).
 
     The saturation point is the fewest requests in flight reaching ``knee`` of the best FLOPs/s of the
     whole profile (not the first doubling that gains little: a noisy or slowly growing curve would stop
@@ -90,7 +91,8 @@ def from_throughput(points: list[tuple[int, float]], prompt_flops: float, prompt
         raise CalibrationError("a profiled batch took no time; cannot form a throughput")
     points = sorted(points)
     sizes = [b for b, _ in points]
-    rates = [b * prompt_flops / t for b, t in points]
+    per_request = prompt_flops + overhead_flops
+    rates = [b * per_request / t for b, t in points]
     best = max(rates)
     for i in range(1, len(rates)):  # more work in flight never makes a server much slower: noise, not a knee
         if rates[i] < MONOTONE_SLACK * max(rates[:i]):
@@ -99,11 +101,29 @@ def from_throughput(points: list[tuple[int, float]], prompt_flops: float, prompt
                 f"{MONOTONE_SLACK:.0%} of {max(rates[:i]):.3g} with fewer): the host's other load, not the worker")
     sat = next(i for i, r in enumerate(rates) if r >= knee * best)
     batch = sizes[sat]
+    counted = f"their FLOPs + {overhead_flops:.3g} per request" if overhead_flops else "their FLOPs"
     return SaturationThreshold(
-        margin * batch * prompt_flops,
+        margin * batch * per_request,
         f"measured throughput profile: {batch} request(s) of {prompt_tokens} tokens in flight reach "
-        f"{knee:.0%} of the best FLOPs/s ({rates[sat]:.3g} of {best:.3g}); margin {margin} x their FLOPs",
+        f"{knee:.0%} of the best FLOPs/s ({rates[sat]:.3g} of {best:.3g}); margin {margin} x {counted}",
         "calibrated",
         {"margin": margin, "profile_prompt_tokens": prompt_tokens, "batch_sizes": sizes,
-         "throughput_flops_per_s": rates, "saturation_batch": batch, "profile_seconds": seconds},
+         "throughput_flops_per_s": rates, "saturation_batch": batch, "profile_seconds": seconds,
+         "request_overhead_flops": overhead_flops},
     )
+
+
+def request_overhead(long: tuple[float, float], short: tuple[float, float]) -> float | None:
+    """A request's fixed cost in FLOPs-equivalent, from two request sizes timed at the same concurrency.
+
+    ``long`` and ``short`` are ``(FLOPs of one request, seconds per request)``. A request's time is taken as
+    a + b x FLOPs (a: what every request costs whatever its length: HTTP, tokenizer manager, scheduling, a
+    forward's fixed work; b: seconds per FLOP); the overhead is a / b, the FLOPs the worker could have
+    computed in that time. On a GPU serving a large model a is small next to b x FLOPs; on a CPU serving a
+    tiny one it is most of a short request, so a prefix-cache hit costs far more than its FLOPs say.
+    None when the timings cannot give it (the longer request was not slower: noise)."""
+    (f_long, t_long), (f_short, t_short) = long, short
+    if f_long <= f_short or t_long <= t_short:
+        return None
+    per_flop = (t_long - t_short) / (f_long - f_short)
+    return max(0.0, t_short - per_flop * f_short) / per_flop

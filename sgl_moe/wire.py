@@ -145,6 +145,12 @@ class SaturationInfo:
     """The worker's KV pool in tokens when it profiled (levels stop where the prompts would not fit)."""
     profile_attempts: int | None = None
     """Whole profiles run until one was monotone (another process on the host can spoil one)."""
+    request_overhead_flops: float | None = None
+    """A request's fixed cost in FLOPs-equivalent (``saturation.request_overhead``): the router counts every
+    prompt it places here as its FLOPs plus this, and Θ and ``throughput_flops_per_s`` count the same way.
+    None or 0: a request costs its FLOPs alone."""
+    overhead_prompt_tokens: int | None = None
+    """Tokens per prompt of the short requests timed against the profile's own to find the overhead."""
 
 
 @dataclass(frozen=True)

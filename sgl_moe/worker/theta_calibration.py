@@ -132,6 +132,9 @@ class Calibrator:
 
 PROFILE_PROMPT_TOKENS = 256
 """Tokens per prompt of the throughput profile (a typical prefill-only prompt; capped by the step)."""
+OVERHEAD_PROMPT_TOKENS = 32
+"""Tokens per prompt of the short requests timed at the saturation level to find a request's fixed cost
+(about what a prefix-cache hit computes: its own suffix)."""
 PROFILE_MAX_CONCURRENCY = 32
 PROFILE_ROUNDS = 3
 """Requests each concurrent client sends one after another at each level."""
@@ -162,18 +165,20 @@ class ThroughputCalibrator(Calibrator):
     """Θ for a worker without weight streaming: the in-flight work where throughput stops growing.
 
     The same handshake as the streaming calibration: ``/sgl_moe/info`` reports the fallback with state
-    ``calibrating`` until the profile ends, and the router re-reads the info until the state changes. Once
-    the server answers ``/health``, c clients (c = 1, 2, 4, ... while c prompts fit in the KV pool) each send
-    ``PROFILE_ROUNDS`` one-prompt
-    ``/generate`` requests of random token ids (never a cache hit) back to back, so c requests are in
-    flight as the router would keep them: SGLang batches them and overlaps its own per-request work
-    (HTTP, tokenizer manager, scheduling) with the forwards; one untimed round of every level comes first (a
-    CPU backend builds its kernels on the first batch of each shape). Θ is the FLOPs of the fewest requests in flight
-    that reach ``saturation.KNEE_FRACTION`` of the best FLOPs/s measured up to ``PROFILE_MAX_CONCURRENCY``.
-    Then it flushes the prefix cache of the random prompts. Workers on one host profile one at a time
-    (``PROFILE_LOCK``), so none measures another's profile; each level is timed ``PROFILE_REPEATS`` times
-    and the fastest kept, and a profile that is still not monotone (a sibling worker loading its model
-    meanwhile) is run again, up to ``PROFILE_ATTEMPTS`` times. A few seconds on an idle host; a worker given
+    ``calibrating`` until the profile ends, and the router re-reads the info until the state changes. Once the
+    server answers ``/health``, c clients (c = 1, 2, 4, ... while c prompts fit in the KV pool) each send
+    ``PROFILE_ROUNDS`` one-prompt ``/generate`` requests of random token ids (never a cache hit) back to back, so c
+    requests are in flight as the router would keep them: SGLang batches them and overlaps its own per-request work
+    (HTTP, tokenizer manager, scheduling) with the forwards; one untimed round of every level comes first (a CPU
+    backend builds its kernels on the first batch of each shape). Θ is the FLOPs of the fewest requests in flight
+    that reach ``saturation.KNEE_FRACTION`` of the best FLOPs/s measured up to ``PROFILE_MAX_CONCURRENCY``. At that
+    level, short prompts (``OVERHEAD_PROMPT_TOKENS``) are timed too: the two sizes give a request's fixed cost in
+    FLOPs-equivalent (``saturation.request_overhead``), which the router adds to every prompt's FLOPs (a
+    prefix-cache hit is not free where HTTP, scheduling and a forward's fixed work dominate), and which Θ counts the
+    same way. Then it flushes the prefix cache of the random prompts. Workers on one host profile one at a time
+    (``PROFILE_LOCK``), so none measures another's profile; each level is timed ``PROFILE_REPEATS`` times and the
+    fastest kept, and a profile that is still not monotone (a sibling worker loading its model meanwhile) is run
+    again, up to ``PROFILE_ATTEMPTS`` times. A few seconds on an idle host; a worker given
     ``--moe-saturation-flops`` or ``--no-moe-theta-profile`` skips it.
     """
 
@@ -204,18 +209,18 @@ class ThroughputCalibrator(Calibrator):
         rng = random.Random(0)
         lock = threading.Lock()
 
-        def prompt() -> list[int]:
+        def prompt(tokens: int) -> list[int]:
             with lock:
-                return [rng.randrange(16, shape.vocab_size) for _ in range(per_prompt)]
+                return [rng.randrange(16, shape.vocab_size) for _ in range(tokens)]
 
-        def client(rounds: int) -> None:
+        def client(rounds: int, tokens: int) -> None:
             # One kept-alive connection per client, as a router's pool keeps them: a burst of new connections
             # per round measured connection set-up (seconds-long stalls seen on a loaded host), not the worker.
             url = urllib.parse.urlsplit(self.base_url)
             conn = http.client.HTTPConnection(url.hostname, url.port, timeout=max(1.0, deadline - time.monotonic()))
             try:
                 for _ in range(rounds):
-                    body = json.dumps({"input_ids": prompt(), "sampling_params": {"max_new_tokens": 1}})
+                    body = json.dumps({"input_ids": prompt(tokens), "sampling_params": {"max_new_tokens": 1}})
                     conn.request("POST", "/generate", body=body, headers=self.headers())
                     resp = conn.getresponse()
                     resp.read()
@@ -224,12 +229,13 @@ class ThroughputCalibrator(Calibrator):
             finally:
                 conn.close()
 
-        def level_seconds(c: int, repeats: int = PROFILE_REPEATS, rounds: int = PROFILE_ROUNDS) -> float:
+        def level_seconds(c: int, repeats: int = PROFILE_REPEATS, rounds: int = PROFILE_ROUNDS,
+                          tokens: int = per_prompt) -> float:
             times = []
             for _ in range(repeats):
                 with ThreadPoolExecutor(c) as pool:
                     t0 = time.perf_counter()
-                    for f in [pool.submit(client, rounds) for _ in range(c)]:
+                    for f in [pool.submit(client, rounds, tokens) for _ in range(c)]:
                         f.result()
                     times.append((time.perf_counter() - t0) / rounds)
             return min(times)
@@ -243,11 +249,15 @@ class ThroughputCalibrator(Calibrator):
             level_seconds(c, repeats=1, rounds=1)
         for attempt in range(1, PROFILE_ATTEMPTS + 1):
             points = [(c, level_seconds(c)) for c in levels]
-            self._flush(deadline)
             try:
+                knee = saturation.from_throughput(points, prompt_flops, per_prompt, self.margin, 0.0)
+                overhead, why = self._overhead(knee.details["saturation_batch"], dict(points), level_seconds,
+                                               shape.flops, per_prompt)
+                self._flush(deadline)
                 result = saturation.from_throughput(points, prompt_flops, per_prompt, self.margin,
-                                                    time.monotonic() - t_start)
+                                                    time.monotonic() - t_start, overhead_flops=overhead)
             except saturation.CalibrationError as exc:
+                self._flush(deadline)
                 if attempt == PROFILE_ATTEMPTS or time.monotonic() + PROFILE_RETRY_PAUSE_S >= deadline:
                     raise CalibrationError(f"{exc}; {attempt} profile(s) tried") from None
                 log.info("Θ profile %d of %d not usable (%s); again in %.0f s", attempt, PROFILE_ATTEMPTS, exc,
@@ -255,9 +265,32 @@ class ThroughputCalibrator(Calibrator):
                 time.sleep(PROFILE_RETRY_PAUSE_S)
                 continue
             self.result = replace(result, details={**result.details, "profile_attempts": attempt,
-                                                   "kv_pool_tokens": pool_tokens})
+                                                   "kv_pool_tokens": pool_tokens,
+                                                   "overhead_prompt_tokens": OVERHEAD_PROMPT_TOKENS})
+            if why:
+                log.info("request overhead not measured: %s", why)
             log.info("Θ = %.4g FLOPs: %s", self.result.flops, self.result.source)
             return
+
+    @staticmethod
+    def _overhead(batch: int, points: dict[int, float], level_seconds: Callable[..., float], flops: FlopsModel,
+                  per_prompt: int) -> tuple[float, str | None]:
+        """A request's fixed cost in FLOPs-equivalent and, when it is 0 for want of a measurement, why: short
+        prompts timed at the saturation level against the profile's own prompts there."""
+        short = OVERHEAD_PROMPT_TOKENS
+        if short >= per_prompt:
+            return 0.0, f"the profile's prompts ({per_prompt} tokens) are no longer than the short ones"
+        level_seconds(batch, repeats=1, rounds=1, tokens=short)  # warm-up: a new batch shape
+        t_short = level_seconds(batch, tokens=short) / batch
+        t_long = points[batch] / batch
+        overhead = saturation.request_overhead((flops.request_flops(0, per_prompt), t_long),
+                                               (flops.request_flops(0, short), t_short))
+        if overhead is None:
+            return 0.0, (f"{short}-token requests ({t_short * 1e3:.2f} ms) were not faster than {per_prompt}-token "
+                         f"ones ({t_long * 1e3:.2f} ms) at {batch} in flight")
+        log.info("request overhead: %.3g FLOPs (%d in flight: %.2f ms per %d-token request, %.2f ms per %d-token "
+                 "one)", overhead, batch, t_long * 1e3, per_prompt, t_short * 1e3, short)
+        return overhead, None
 
     def _kv_pool_tokens(self) -> int | None:
         """The worker's KV pool in tokens (SGLang's ``max_total_num_tokens``), None if it does not say."""

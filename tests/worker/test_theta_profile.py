@@ -47,9 +47,12 @@ def test_saturation_is_the_fewest_in_flight_reaching_the_knee_of_the_best_throug
         saturation.from_throughput([(1, 0.0)], 10.0, 256, 1.0, 1.0)
 
 
-HOLD_S = 0.15
-"""A stand-in request's time in a slot: long against the HTTP overhead per request (a few ms), so the
-throughput at 4 in flight is within 95% of the best, as the stand-in's 4 slots intend."""
+HOLD_FIXED_S = 0.05
+"""What every stand-in request holds its slot for whatever its length (its fixed cost)."""
+HOLD_PER_FLOP_S = 0.10 / FLOPS.request_flops(0, 256)
+"""And per FLOP: a 256-token request holds a slot 0.15 s, long against the HTTP overhead per request (a few
+ms), so the throughput at 4 in flight is within 95% of the best, as the stand-in's 4 slots intend. Its fixed
+cost is worth HOLD_FIXED_S / HOLD_PER_FLOP_S = half a 256-token request's FLOPs."""
 
 
 class _Server(ThreadingHTTPServer):
@@ -58,7 +61,7 @@ class _Server(ThreadingHTTPServer):
 
 class _StandIn(BaseHTTPRequestHandler):
     """A worker with 4 slots and a 4,096-token KV pool (16 profile prompts): a request holds a slot for
-    ``HOLD_S``, more wait. Throughput grows up to 4 requests in flight, then is flat."""
+    ``HOLD_FIXED_S``, more wait. Throughput grows up to 4 requests in flight, then is flat."""
 
     seen: list[str] = []
     inflight = 0
@@ -94,12 +97,13 @@ class _StandIn(BaseHTTPRequestHandler):
                 self.end_headers()
                 return
         if self.path == "/generate":
-            assert len(body["input_ids"]) == 256 and isinstance(body["input_ids"][0], int)
+            n = len(body["input_ids"])
+            assert n in (32, 256) and isinstance(body["input_ids"][0], int)
             with _StandIn.lock:
                 _StandIn.inflight += 1
-                self.seen.append(f"generate {_StandIn.inflight}")
+                self.seen.append(f"generate {_StandIn.inflight}" + ("" if n == 256 else " short"))
             with _StandIn.slots:
-                time.sleep(HOLD_S)
+                time.sleep(HOLD_FIXED_S + HOLD_PER_FLOP_S * FLOPS.request_flops(0, n))
             with _StandIn.lock:
                 _StandIn.inflight -= 1
         else:
@@ -126,7 +130,12 @@ def test_profile_finds_the_knee_reports_it_and_the_router_installs_it():
     assert theta.state == "calibrated", theta.source
     assert theta.details["saturation_batch"] == 4 and theta.details["batch_sizes"] == [1, 2, 4, 8, 16]
     assert max(int(x.split()[1]) for x in _StandIn.seen if x.startswith("generate")) > 8  # clients overlapped
-    assert theta.flops == pytest.approx(4 * FLOPS.request_flops(0, 256))
+    # The fixed cost is found from short requests timed at the knee (4 in flight), within the HTTP overhead.
+    assert any(x.endswith("short") for x in _StandIn.seen)
+    overhead = theta.details["request_overhead_flops"]
+    assert overhead == pytest.approx(HOLD_FIXED_S / HOLD_PER_FLOP_S, rel=0.2)
+    # Θ counts each request as its FLOPs plus that overhead, as the router will.
+    assert theta.flops == pytest.approx(4 * (FLOPS.request_flops(0, 256) + overhead))
     assert _StandIn.seen[-1] == "/flush_cache"  # the profile's random prompts leave the cache
     # The info carries the figures; a router installs the measured Θ.
     info = WorkerInfo(model_name="m", page_size=16, flops=FLOPS,
@@ -136,6 +145,7 @@ def test_profile_finds_the_knee_reports_it_and_the_router_installs_it():
     assert info.saturation.step_tokens == 4096 and not info.calibrating
     w = Worker.from_info("w", "http://w", info, pinned_theta=None)
     assert w.theta == pytest.approx(theta.flops) and "measured throughput profile" in w.theta_source
+    assert w.request_overhead_flops == pytest.approx(overhead) and info.saturation.overhead_prompt_tokens == 32
 
 
 def _profile_with(monkeypatch, outcomes: list[bool], keys=None) -> tuple:
@@ -146,6 +156,8 @@ def _profile_with(monkeypatch, outcomes: list[bool], keys=None) -> tuple:
     real = saturation.from_throughput
 
     def judged(points, *args, **kwargs):
+        if "overhead_flops" in kwargs:  # the attempt's second call, with the overhead measured at the knee
+            return real(points, *args, **kwargs)
         calls.append([c for c, _ in points])
         if not outcomes[len(calls) - 1]:
             raise CalibrationError("the profile is not monotone (planted)")
