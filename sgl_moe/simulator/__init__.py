@@ -10,9 +10,10 @@ with KV events applied through the pool's ``KvEventSink.on_batch``; sglang-route
 Modules: ``timing_model`` (a worker's timing model, ``Calibration``: presets, JSON), ``fit_timing`` (time a
 running worker and fit that model), ``timeline`` (virtual clock), ``units`` (workload stream -> prefill units
 with block hashes), ``prefix_units`` (shared-prefix streams, Zipf or uniform), ``kv_cache`` and ``engine``
-(a worker), ``router_frontend``, ``memo``, ``certificate`` and ``logged_index`` (the router in the loop, and
-the exact re-scoring memo), ``sglang_router_model``, ``simulation`` (one run), ``experiments`` and ``report``
-(what ``python -m sgl_moe.simulator`` prints), ``scenarios`` and ``matrix`` (issue 18's scenario matrix).
+(a worker), ``router_frontend``, ``memo``, ``certificate``, ``certify``, ``watch_lists``, ``logged_index`` and
+``room`` (the router in the loop, and the exact re-scoring memo), ``sglang_router_model``, ``simulation``
+(one run), ``experiments`` and ``report`` (what ``python -m sgl_moe.simulator`` prints), ``scenarios`` and
+``matrix`` (issue 18's scenario matrix).
 """
 
 from sgl_moe.simulator.simulation import POLICIES, SimConfig, SimResult, Simulation

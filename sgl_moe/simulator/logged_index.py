@@ -1,7 +1,7 @@
-"""The router's ``BlockIndex`` with each mutation stamped and reported, for the simulator's memo (``memo``).
+"""The router's ``BlockIndex`` with each mutation reported, for the simulator's memo (``memo``).
 
-Every mutation bumps a version, stamps the slot it touched, breaks the certificates of queued jobs that
-watch a mutated block (``watch``) and calls ``on_touch`` with the slot. ``match_groups`` is remembered
+Every mutation breaks the certificates of queued jobs that watch a mutated block (``watch``) and calls
+``on_touch`` with the slot. ``match_groups`` is remembered
 per hash list until a table gains or loses one of the blocks its answer read (the leading blocks up to
 the first that no target held any more, or all of them).
 """
@@ -21,13 +21,10 @@ MATCH_READS = 1 << 22
 
 
 class LoggedBlockIndex(BlockIndex):
-    """``BlockIndex`` that stamps targets with the version of their last mutation and reports mutations."""
+    """``BlockIndex`` that reports mutations (and remembers matches until a mutation touches what they read)."""
 
     def __init__(self) -> None:
         super().__init__()
-        self.version = 0
-        self.stamp: list[int] = []
-        """Slot -> version of the last mutation of its tables."""
         self.on_touch: Callable[[int], None] = lambda slot: None
         """Called with the slot after each mutation."""
         self.watch: dict[int, set[Job]] = {}
@@ -41,16 +38,6 @@ class LoggedBlockIndex(BlockIndex):
         self._readers: dict[int, set[int]] = {}
         """Block hash -> ids of the hash lists whose remembered answer read it."""
         self._reads = 0
-
-    def changed_since(self, version: int, mask: int) -> bool:
-        """Whether any target in ``mask`` was mutated after ``version``."""
-        stamp = self.stamp
-        while mask:
-            low = mask & -mask
-            if stamp[low.bit_length() - 1] > version:
-                return True
-            mask ^= low
-        return False
 
     def watch_job(self, job: Job, upto: int) -> None:
         """Break the job's certificates when a table gains or loses any of its first ``upto`` blocks."""
@@ -109,8 +96,6 @@ class LoggedBlockIndex(BlockIndex):
         self._reads = 0
 
     def _touched(self, slot: int, hashes: list[int] | None = None) -> None:
-        self.version += 1
-        self.stamp[slot] = self.version
         if hashes is None:
             self._forget_matches()
         elif self._readers:
@@ -134,7 +119,6 @@ class LoggedBlockIndex(BlockIndex):
 
     def add_target(self) -> int:
         slot = super().add_target()
-        self.stamp.extend([0] * (slot + 1 - len(self.stamp)))
         self._touched(slot)
         return slot
 
@@ -156,8 +140,7 @@ class LoggedBlockIndex(BlockIndex):
     def retire(self, slot: int, hashes: Iterable[int]) -> None:
         hashes = list(hashes)
         super().retire(slot, hashes)
-        if slot < len(self.stamp):
-            self._touched(slot, hashes)
+        self._touched(slot, hashes)
 
     def clear_committed(self, slot: int) -> int:
         n = super().clear_committed(slot)

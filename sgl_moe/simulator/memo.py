@@ -110,13 +110,14 @@ class MemoScheduler(Scheduler):
             self.watches.reserved(w)
 
     def release(self, placement: Placement, *, ok: bool) -> None:
-        if not self.memo:
-            if self.room is not None and not placement.released:
-                self.room.released(placement.worker)
-            return super().release(placement, ok=ok)
         if not placement.released:
             w = placement.worker
-            self.watches.released(w, w.inflight_flops - placement.cost if w.inflight_requests > 1 else 0.0)
+            # What ``Scheduler.release`` leaves: exactly zero once idle.
+            after = w.inflight_flops - placement.cost if w.inflight_requests > 1 else 0.0
+            if self.room is not None:
+                self.room.released(w, after)
+            if self.memo:
+                self.watches.released(w, after)
         super().release(placement, ok=ok)
 
     # -- scoring --------------------------------------------------------------------------------
