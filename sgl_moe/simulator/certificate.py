@@ -31,7 +31,7 @@ class Certificate:
     """Why a queued job's last scoring still holds (see the module docstring)."""
 
     __slots__ = ("job", "view", "waits_for", "ahead", "expires", "threshold", "clean", "owner", "deferred",
-                 "needs_room")
+                 "needs_room", "matched", "spill_due")
 
     def __init__(self, owner: DirtySink, job: Job, view: LoadOrder, waits_for: str, ahead: float | None,
                  expires: float, threshold: float | None, deferred: bool = False) -> None:
@@ -53,6 +53,11 @@ class Certificate:
         """A held job's best worker: the answer (held there) stands only while that worker has room. While it is
         saturated the job is scored whenever a pass reaches it (``revisit``); once it has room again, the job
         is held as before (nothing else it depends on moves with that worker's saturation alone)."""
+        self.matched = 0
+        """Rule 5: the slots holding a prefix of the job (a spill goes to the lightest worker outside them)."""
+        self.spill_due = False
+        """Rule 5: a worker got lighter than ``threshold``; until the memo checks the lightest worker without a
+        match again, the answer is "wait" or a spill, which only a scoring tells apart (``holds`` is False)."""
         self.clean = True
 
     @property
@@ -75,8 +80,8 @@ class Certificate:
         self.owner.mark_dirty(self.job)
 
     def holds(self) -> bool:
-        """Clean, and a held job's worker has room."""
-        return self.clean and (self.needs_room is None or self.needs_room.admissible)
+        """Clean, no spill may be due, and a held job's worker has room."""
+        return self.clean and not self.spill_due and (self.needs_room is None or self.needs_room.admissible)
 
 
 class QueueLog(deque):
@@ -99,6 +104,22 @@ class QueueLog(deque):
 
     def forget(self, job: Job) -> None:
         self.number.pop(job, None)
+
+    def drop(self, job: Job) -> None:
+        """Remove queued ``job`` and forget its number: found by bisection, the queue being in number order."""
+        number = self.number
+        n = number[job]
+        lo, hi = 0, len(self)
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if number[self[mid]] < n:
+                lo = mid + 1
+            else:
+                hi = mid
+        if lo == len(self) or self[lo] is not job:
+            raise RuntimeError(f"job {job.rid} is not queued")
+        del self[lo]
+        del number[job]
 
 
 _number = itemgetter(0)

@@ -130,6 +130,7 @@ class Certifier:
                 threshold = (waits_for.inflight_flops + ahead + job.waiting_cost - free
                              - self.spill_k * max(0.0, free - job.waiting_cost))
             c = Certificate(self.sink, job, view, job.waiting_for, ahead, expires, threshold)
+            c.matched = matched
             if best is not None and best.id == job.waiting_for and not best.admissible:
                 self._watch_waiting(c, groups, view, best, room_in_matched)
             else:  # held on the worker it would spill to: every matched worker's load and tables
@@ -142,6 +143,24 @@ class Certifier:
             watches.add_expiry(c, expires)
         watches.collect()
         return c
+
+    def spill_still_waits(self, c: Certificate) -> bool:
+        """Whether ``c``'s job, waiting under rule 5 with a spill possibly due (``Certificate.spill_due``), would
+        still wait: no worker without a match (the spill target: none with one has room, or ``c`` would have
+        broken) is below the threshold, with slack for rounding. The threshold was taken when the job waited;
+        its best worker can only have got lighter since (the threshold only dropped) and the queued cost ahead
+        is checked by the scoring's skip test. Then ``c`` is re-armed (back in the rule-5 heap)."""
+        view = self.scheduler.view
+        if view is not c.view or c.threshold is None:
+            return False
+        theta = view.theta
+        alt = view.least(lambda x: x / theta, highest_id=True, skip=c.matched)
+        threshold = c.threshold
+        if alt is not None and alt.inflight_flops <= threshold + abs(threshold) * 1e-9 + 1.0:
+            return False
+        c.spill_due = False
+        self.watches.add_rule5(c, threshold)
+        return True
 
     def _expires(self, job: Job) -> float:
         """A little before the earliest time limit the answer went through can flip."""

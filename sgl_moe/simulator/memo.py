@@ -18,7 +18,6 @@ runs with and without the memo place alike.
 from __future__ import annotations
 
 import heapq
-import itertools
 from collections import Counter
 
 from sgl_moe.router.job import Job, Placement
@@ -55,6 +54,12 @@ class MemoScheduler(Scheduler):
         self.quiet_pumps = 0
         self.held_again = 0
         """Visits of a held job whose worker had been saturated, skipped because it has room again."""
+        self.spill_passed = 0
+        """Visits of a rule-5 job with a spill possibly due, left to a later pass: this first pass already deferred
+        a spill."""
+        self.spill_rechecked = 0
+        """Visits of a rule-5 job with a spill possibly due, re-armed: no worker without a match is below the
+        threshold."""
         self.new_holds: list[Job] = []
         """Jobs held for promised blocks for the first time since the frontend last took this list (it arms
         the router's hold timer for each)."""
@@ -172,10 +177,18 @@ class MemoScheduler(Scheduler):
                 n, job = heapq.heappop(visit)
                 if n <= self._at:
                     continue  # listed twice
+                c = certs.get(job)
                 if job not in dirty:
-                    c = certs.get(job)
                     if not (need_deferred and c is not None and c.deferred and c.clean):
                         continue
+                elif c is not None and c.spill_due and c.clean and c.view is self.view:
+                    if first and deferred:
+                        # Wait, or a deferred spill: either leaves the job as it is (waiting for its best at its
+                        # cost there), and this pass already deferred a spill. It stays to visit (second pass).
+                        self.spill_passed += 1
+                        continue
+                    if self._certifier.spill_still_waits(c):
+                        self.spill_rechecked += 1
                 if room is None:
                     room = self.any_admissible()
                 if not room:
@@ -207,11 +220,11 @@ class MemoScheduler(Scheduler):
             self.ahead = outer
             self._visit = None
         for job in placed:
-            queue.remove(job)
-            queue.forget(job)
+            queue.drop(job)
             dirty.discard(job)
         if placed:  # jobs behind the window moved into it: never scored yet
-            for job in itertools.islice(queue, max(0, PUMP_SCAN_LIMIT - len(placed)), PUMP_SCAN_LIMIT):
+            for i in range(max(0, PUMP_SCAN_LIMIT - len(placed)), min(PUMP_SCAN_LIMIT, len(queue))):
+                job = queue[i]
                 if job not in certs:
                     self.mark_dirty(job)
         return deferred and (room if room is not None else self.any_admissible())

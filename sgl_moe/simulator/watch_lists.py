@@ -5,10 +5,12 @@ change its job's answer; ``reserved``, ``released``, ``touched`` and ``expire`` 
 an event reaches and drop them from that list. A list entry whose certificate is no longer clean is dead
 weight, dropped when the list is next walked (``collect`` drops those of the heaps once they pile up).
 
-One event does not break a certificate outright: a job held for blocks promised on its best worker
+Two events do not break a certificate outright. A job held for blocks promised on its best worker
 (``Certificate.needs_room``) is held again, unchanged, once that worker has room again. While the worker is
 saturated the job is only put back among those the next pass visits (``Certificate.revisit``); the memo
-scores it there if the worker is still saturated when the pass reaches it, and skips it otherwise.
+scores it there if the worker is still saturated when the pass reaches it, and skips it otherwise. A
+waiting job's rule-5 threshold crossed by a release (``Certificate.spill_due``) is checked again when a
+pass reaches the job (``memo``).
 """
 
 from __future__ import annotations
@@ -137,9 +139,13 @@ class WatchLists:
                             keep.append((c, best))
                 self.on_lighter[slot] = keep
         rule5 = self.rule5
-        # Rule 5: jobs for which this worker, now lighter, may be worth spilling to.
+        # Rule 5: jobs for which this worker, now lighter, may be worth spilling to (``Certificate.spill_due``;
+        # the memo checks again when a pass reaches the job, and re-arms the certificate if no spill is due).
         while rule5 and -rule5[0][0] > after * (1 - ROOM_SLACK) - 1.0:
-            heapq.heappop(rule5)[2].dirty()
+            c = heapq.heappop(rule5)[2]
+            if c.clean and not c.spill_due:
+                c.spill_due = True
+                c.revisit()
 
     def collect(self) -> None:
         """Drop certificates that no longer hold from the heaps once they pile up."""

@@ -53,6 +53,8 @@ def test_memo_places_as_the_plain_scheduler_in_a_backlog(workers, requests, thet
     # every shortcut was taken (else this test would prove nothing about it)
     assert memo.certified["deferred"] > 100 and memo.certified["held"] > 50 and memo.certified["rule5"] > 100
     assert memo.held_again > 5  # held jobs kept through their worker's saturation (``Certificate.needs_room``)
+    # rule-5 jobs whose threshold a release crossed: left to the second pass, or re-armed on a check
+    assert memo.spill_passed > 100 and memo.spill_rechecked > 10
     assert memo.scored < reference.scored / 5
 
 
@@ -174,3 +176,23 @@ def test_a_held_job_is_revisited_when_its_worker_saturates_and_broken_when_anoth
     a.inflight_flops = 0.7 * theta  # ... and a reservation makes a heavier than b: b is the best now
     watches.reserved(a)
     assert not c.clean and sink.marked == ["held", "held"]
+
+
+def test_a_release_below_a_rule5_threshold_makes_the_spill_due_once():
+    cal = h100_30b()
+    cfg = RouterConfig(policy="longest_block_match", saturation_flops=cal.theta)
+    info = worker_info(cal, cal.theta)
+    index = BlockIndex()
+    pool = WorkerPool.without_http(cfg, index, PendingLedger(index, ttl_s=1.0), lambda: None)
+    x = pool.admit("x://x", info, worker_id="x")
+    theta = x.theta
+    watches, sink = WatchLists(), _Sink()
+    job = Job(rid="waiting", prompt_lens=[64], keys=[[1, 2, 3]], arrived=0.0)
+    c = Certificate(sink, job, None, "a", 0.0, float("inf"), 0.5 * theta)
+    watches.add_rule5(c, c.threshold)
+    watches.released(x, 0.6 * theta)  # not below the threshold: still waiting
+    assert c.holds() and sink.marked == []
+    watches.released(x, 0.4 * theta)  # a spill to x may pay now: visited, scored unless a check re-arms it
+    assert c.clean and c.spill_due and not c.holds() and sink.marked == ["waiting"]
+    watches.released(x, 0.1 * theta)  # out of the heap until re-armed: not marked twice
+    assert sink.marked == ["waiting"] and watches.rule5 == []
