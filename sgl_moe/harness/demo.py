@@ -18,7 +18,7 @@ from pathlib import Path
 
 import httpx
 
-from sgl_moe.harness.worker_process import WorkerProcess, WorkerStartError
+from sgl_moe.harness.worker_process import WorkerProcess, WorkerStartError, cpu_share
 
 SHARED_PREFIX = '"""Utilities for working with files and paths."""\n\nimport os\nimport sys\n\n\n'
 EXAMPLES: list[tuple[str, list[str]]] = [
@@ -118,8 +118,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.workers < 1:
         parser.error("--workers must be >= 1")
 
-    workers = [WorkerProcess(log_path=args.logs / f"demo-worker-{i}.log", args=worker_args, port=args.port + 1 + i)
-               for i in range(args.workers)]
+    workers = [WorkerProcess(log_path=args.logs / f"demo-worker-{i}.log", args=worker_args, port=args.port + 1 + i,
+                             threads=cpu_share(args.workers)) for i in range(args.workers)]
     print(f"starting {args.workers} worker(s) on the shipped model at "
           f"{', '.join(w.url for w in workers)} (logs: {args.logs}/; about a minute on a CPU)")
     try:

@@ -17,7 +17,7 @@ from pathlib import Path
 import httpx
 
 from sgl_moe.harness.router_client import metric
-from sgl_moe.harness.worker_process import WorkerProcess
+from sgl_moe.harness.worker_process import WorkerProcess, cpu_share
 from sgl_moe.policy_bench.driver import run_stream
 from sgl_moe.policy_bench.report import summarize, table, targets
 from sgl_moe.policy_bench.routers import OURS, POLICIES, RouterUnderTest, flush_caches, label
@@ -46,7 +46,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def start_workers(n: int, log_dir: Path, extra: list[str]) -> list[WorkerProcess]:
-    workers = [WorkerProcess(log_path=log_dir / f"worker{i}.log", args=extra).start() for i in range(n)]
+    workers = [WorkerProcess(log_path=log_dir / f"worker{i}.log", args=extra, threads=cpu_share(n)).start()
+               for i in range(n)]
     t0 = time.time()
     for w in workers:
         w.wait_ready(timeout=900, progress=lambda s: print(f"  waiting for workers ({s:.0f} s)", file=sys.stderr))

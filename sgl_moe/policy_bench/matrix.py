@@ -2,7 +2,9 @@
 
 Per scenario: build its seeded stream, then for each router (sgl_moe ``longest_block_match``, sglang-router
 ``cache_aware``, sgl_moe ``round_robin``) flush the workers' caches, start the router fresh, offer the
-stream (closed loop, open loop or bulk), stop the router. Results are written after every scenario (JSON
+stream (closed loop, open loop or bulk), stop the router. ``--repeats N`` runs every scenario N times, the
+routers' order rotated each time (none always runs first, or after the same one), and judges the median of
+each figure; every run's figures stay in the JSON. Results are written after every scenario (JSON
 and a Markdown table) so a cut-short run keeps what it measured. ``--smoke`` runs the same machinery at a
 tiny size against stand-in HTTP workers (``standin``): seconds, for CI; its figures mean nothing.
 """
@@ -23,7 +25,7 @@ import httpx
 
 from sgl_moe.policy_bench.driver import run_open, run_stream
 from sgl_moe.policy_bench.prefix_stream import build_prefix_stream
-from sgl_moe.policy_bench.report import matrix_table, summarize, verdict
+from sgl_moe.policy_bench.report import matrix_table, median_row, run_ratios, summarize, verdict
 from sgl_moe.policy_bench.routers import RouterUnderTest, flush_caches, label
 from sgl_moe.policy_bench.scenarios import SMOKE, Scenario, Sizes, select
 from sgl_moe.policy_bench.stream import StreamUnit, build_stream, oracle_cached_tokens
@@ -45,12 +47,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--pool-tokens", type=int, default=None, help="each worker's KV pool in tokens (default 6144)")
     p.add_argument("--requests", type=int, default=None, help="requests per closed-loop / bulk scenario")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--repeats", type=int, default=1,
+                   help="runs of every scenario, routers in rotated order; the median is judged (default 1)")
     p.add_argument("--router-args", default="", help="extra flags for sgl_moe's router, one string")
     p.add_argument("--out", type=Path, default=Path("policy_matrix.json"))
     p.add_argument("--log-dir", type=Path, default=None)
     args = p.parse_args(argv)
-    if args.workers <= 0 or (args.requests is not None and args.requests <= 0):
-        p.error("--workers and --requests must be positive")
+    if args.workers <= 0 or args.repeats <= 0 or (args.requests is not None and args.requests <= 0):
+        p.error("--workers, --repeats and --requests must be positive")
     if args.pool_tokens is not None and args.pool_tokens < 512:
         p.error("--pool-tokens must be at least 512")
     try:
@@ -120,7 +124,9 @@ def write(out: Path, result: dict) -> None:
     md.write_text(
         f"# Policy matrix ({kind})\n\n"
         f"Machine: {m['processor']}, {m['cpus']} CPUs, {m['platform']}; {result['workers']} workers; "
-        f"KV pool {result['sizes']['pool_tokens']} tokens per worker; seed {result['seed']}.\n\n"
+        f"KV pool {result['sizes']['pool_tokens']} tokens per worker; seed {result['seed']}"
+        + (f"; every scenario run {result['repeats']} times, routers in rotated order, medians shown and judged"
+           if result.get("repeats", 1) > 1 else "") + ".\n\n"
         + "\n".join(f"- **{s['name']}**: {s['description']}; {s['stream']['requests']} requests, "
                     f"{s['stream']['prompt_tokens']} prompt tokens, oracle cached fraction "
                     f"{s['stream']['oracle_fraction']:.3f}"
@@ -158,6 +164,7 @@ def main(argv: list[str] | None = None) -> int:
                   "machine": {"platform": platform.platform(), "cpus": os.cpu_count(),
                               "processor": platform.processor() or platform.machine()},
                   "workers": len(urls), "sizes": vars(sizes), "seed": args.seed, "router_args": args.router_args,
+                  "repeats": args.repeats,
                   "worker_theta": thetas, "scenarios": []}
         best_rps: dict[str, float] = {}
         t_start = time.time()
@@ -175,21 +182,26 @@ def main(argv: list[str] | None = None) -> int:
             oracle = oracle_cached_tokens(units, tok, int(info["page_size"])) / total
             print(f"== {sc.name}: {sc.describe()}; {len(units)} requests, {total} prompt tokens, oracle {oracle:.3f}"
                   + (f", offered {rate:.2f} req/s" if rate else ""), file=sys.stderr)
-            rows = []
-            for policy in args.routers:
-                records, wall, stats = run_one(sc, policy, urls, units, sizes, rate, args.seed, log_dir,
-                                               args.router_args.split(), progress=not args.smoke)
-                row = summarize(policy, label(policy), records, wall, len(units), oracle)
-                row["router_stats"] = stats
-                rows.append(row)
-                print(f"  {row['router']}: {row['throughput_rps']:.2f} req/s, cached {row['cached_fraction']:.3f}, "
-                      f"p99 {row['latency_p99_ms']:.0f} ms, {row['failures']} failures", file=sys.stderr)
+            runs: dict[str, list[dict]] = {policy: [] for policy in args.routers}
+            for rep in range(args.repeats):
+                k = rep % len(args.routers)
+                for policy in args.routers[k:] + args.routers[:k]:
+                    records, wall, stats = run_one(sc, policy, urls, units, sizes, rate, args.seed, log_dir,
+                                                   args.router_args.split(), progress=not args.smoke)
+                    row = summarize(policy, label(policy), records, wall, len(units), oracle)
+                    row["router_stats"] = stats
+                    runs[policy].append(row)
+                    print(f"  {row['router']}{f' (run {rep + 1})' if args.repeats > 1 else ''}: "
+                          f"{row['throughput_rps']:.2f} req/s, cached {row['cached_fraction']:.3f}, "
+                          f"p99 {row['latency_p99_ms']:.0f} ms, {row['failures']} failures", file=sys.stderr)
+            rows = [median_row(runs[policy]) for policy in args.routers]
             if sc.arrival == "bulk":
                 best_rps[sc.name] = max(r["throughput_rps"] for r in rows)
             entry = {"name": sc.name, "description": sc.describe(), "arrival": sc.arrival, "pool": sc.pool,
                      "popularity": sc.stream, "offered_rps": rate,
                      "stream": {"requests": len(units), "prompt_tokens": total, "oracle_fraction": oracle},
-                     "results": rows, "verdict": verdict(rows, sc.arrival)}
+                     "results": rows, "verdict": {**verdict(rows, sc.arrival),
+                                                  "runs_rps_vs_cache_aware": run_ratios(rows)}}
             result["scenarios"].append(entry)
             result["elapsed_s"] = time.time() - t_start
             write(args.out, result)

@@ -69,6 +69,26 @@ def targets(rows: list[dict]) -> list[str]:
     return out
 
 
+MEDIAN_KEYS = ("throughput_rps", "tasks_per_s", "prompt_tokens_per_s", "cached_fraction", "latency_p50_ms",
+               "latency_p99_ms", "latency_mean_ms", "wall_s")
+"""Figures of a router's repeated runs that ``median_row`` takes the median of."""
+
+
+def median_row(runs: list[dict]) -> dict:
+    """One router's repeated runs of one scenario as one row: the median of each figure of ``MEDIAN_KEYS``
+    (on this 2-core host one run's req/s moves by a third between identical runs), failures summed, and
+    every run's figures kept under ``runs``. One run: that run, with ``runs`` holding it."""
+    row = dict(runs[0])
+    for key in MEDIAN_KEYS:
+        if key in row:
+            row[key] = statistics.median(r[key] for r in runs)
+    row["failures"] = sum(r["failures"] for r in runs)
+    row["requests"] = sum(r["requests"] for r in runs)
+    row["runs"] = [{k: r[k] for k in ("throughput_rps", "cached_fraction", "latency_p99_ms", "failures")}
+                   for r in runs]
+    return row
+
+
 GOAL = {"vs_cache_aware": 1.1, "vs_round_robin": 1.3, "p99_vs_cache_aware": 1.2}
 """Issue 18's goal for sgl_moe's default policy in every scenario."""
 
@@ -109,6 +129,22 @@ def _fmt(v, spec: str) -> str:
     return "–" if v is None else format(v, spec)
 
 
+def _spread(ratios: list[float] | None) -> str:
+    """The per-run req/s ratios of a repeated scenario, as their range."""
+    if not ratios or len(ratios) < 2:
+        return ""
+    return f" (runs {min(ratios):.2f}–{max(ratios):.2f}x)"
+
+
+def run_ratios(results: list[dict]) -> list[float]:
+    """Per run, sgl_moe's req/s over cache_aware's (run i of each router); empty without both routers."""
+    by = {r["policy"]: r.get("runs") or [r] for r in results}
+    ours, ca = by.get("longest_block_match"), by.get("cache_aware")
+    if not ours or not ca:
+        return []
+    return [o["throughput_rps"] / c["throughput_rps"] for o, c in zip(ours, ca) if c["throughput_rps"] > 0]
+
+
 def matrix_table(scenarios: list[dict]) -> str:
     """One Markdown table: a line per scenario and router, with the goal's ratios on sgl_moe's line."""
     lines = ["| scenario | router | req/s | cached | p50 ms | p99 ms | vs cache_aware | vs round robin | goal |",
@@ -124,7 +160,7 @@ def matrix_table(scenarios: list[dict]) -> str:
                 f"| {sc['name'] if ours else ''} | {r['router']} | {r['throughput_rps']:.2f} | "
                 f"{r['cached_fraction']:.3f} | {r['latency_p50_ms']:.0f} | {r['latency_p99_ms']:.0f} | "
                 + (f"{_fmt(v.get('rps_vs_cache_aware'), '.2f')}x req/s, p99 {_fmt(v.get('p99_vs_cache_aware'), '.2f')}x"
-                   if ours and v else "")
+                   + _spread(v.get("runs_rps_vs_cache_aware")) if ours and v else "")
                 + " | " + (f"{_fmt(v.get('rps_vs_round_robin'), '.2f')}x" if ours and v else "")
                 + f" | {goal} |")
     return "\n".join(lines)

@@ -12,7 +12,7 @@ import pytest
 from sgl_moe import DEFAULT_MODEL_DIR
 from sgl_moe.policy_bench import matrix
 from sgl_moe.policy_bench.prefix_stream import PrefixStreamConfig, build_prefix_stream
-from sgl_moe.policy_bench.report import verdict
+from sgl_moe.policy_bench.report import median_row, run_ratios, verdict
 from sgl_moe.policy_bench.scenarios import MATRIX, Sizes, select
 from sgl_moe.router.router_tokenizer import RouterTokenizer
 
@@ -85,6 +85,32 @@ def test_open_loop_judges_reuse_and_p99_not_throughput():
     assert v["met"] and "rps_vs_cache_aware" not in v["checks"] and v["rps_vs_cache_aware"] == pytest.approx(0.9)
     rows[0] = _row("longest_block_match", 0.9, 0.6, 900)  # fell behind: its p99 shows it
     assert not verdict(rows, "open")["checks"]["p99_vs_cache_aware"]
+
+
+def test_repeated_runs_are_judged_on_their_medians_and_keep_every_run():
+    ours = [_row("longest_block_match", r, 0.6, 1000) for r in (2.0, 3.0, 2.4)]
+    ca = [_row("cache_aware", r, 0.6, 1000) for r in (2.0, 2.0, 4.0)]
+    for row in ours + ca:
+        row["requests"] = 10
+    rows = [median_row(ours), median_row(ca)]
+    assert rows[0]["throughput_rps"] == 2.4 and rows[1]["throughput_rps"] == 2.0 and rows[0]["requests"] == 30
+    assert [r["throughput_rps"] for r in rows[0]["runs"]] == [2.0, 3.0, 2.4]
+    assert verdict(rows, "closed")["rps_vs_cache_aware"] == pytest.approx(1.2)
+    assert run_ratios(rows) == pytest.approx([1.0, 1.5, 0.6])
+
+
+@pytest.mark.skipif(importlib.util.find_spec("sglang_router") is None, reason="sglang-router is not installed")
+def test_smoke_matrix_repeats_a_scenario_with_the_routers_rotated(tmp_path, capsys):
+    out = tmp_path / "m.json"
+    rc = matrix.main(["--smoke", "--scenarios", "closed-zipf-unbounded", "--repeats", "2", "--out", str(out),
+                      "--log-dir", str(tmp_path / "logs")])
+    assert rc == 0
+    sc = json.loads(out.read_text())["scenarios"][0]
+    assert [len(r["runs"]) for r in sc["results"]] == [2, 2, 2]
+    assert len(sc["verdict"]["runs_rps_vs_cache_aware"]) == 2
+    order = [line.split(":")[0].strip() for line in capsys.readouterr().err.splitlines() if "(run " in line]
+    assert order[:3] != order[3:] and sorted(order[:3]) == sorted(x.replace("run 2", "run 1") for x in order[3:])
+    assert "run 2 times" in out.with_suffix(".md").read_text()
 
 
 @pytest.mark.skipif(importlib.util.find_spec("sglang_router") is None, reason="sglang-router is not installed")
