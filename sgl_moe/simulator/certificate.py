@@ -108,8 +108,12 @@ class QueueLog(deque):
     def drop(self, job: Job) -> None:
         """Remove queued ``job`` and forget its number: found by bisection, the queue being in number order."""
         number = self.number
+        if self and self[0] is job:  # the head (often: a pass places in queue order)
+            self.popleft()
+            del number[job]
+            return
         n = number[job]
-        lo, hi = 0, len(self)
+        lo, hi = 1, len(self)
         while lo < hi:
             mid = (lo + hi) // 2
             if number[self[mid]] < n:

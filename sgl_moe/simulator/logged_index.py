@@ -31,6 +31,8 @@ class LoggedBlockIndex(BlockIndex):
         """Block hash -> queued jobs whose certificate breaks when any table gains or loses it."""
         self.certificates: dict[Job, Certificate | None] = {}
         """Queued job -> its certificate (None: its last scoring gave none); written by the MemoScheduler."""
+        self._live: set[int] = set()
+        """Slots added and not removed."""
         self._watched: dict[Job, int] = {}
         """Queued job -> how many of its leading blocks are in ``watch``."""
         self._matches: dict[int, tuple[Sequence[int], int, list[tuple[int, int]]]] = {}
@@ -119,6 +121,7 @@ class LoggedBlockIndex(BlockIndex):
 
     def add_target(self) -> int:
         slot = super().add_target()
+        self._live.add(slot)
         self._touched(slot)
         return slot
 
@@ -139,8 +142,12 @@ class LoggedBlockIndex(BlockIndex):
 
     def retire(self, slot: int, hashes: Iterable[int]) -> None:
         hashes = list(hashes)
+        # A retire drops promises alone: where every block is committed on the slot (the ledger retires a
+        # promise once its blocks are stored) no match and no committed prefix moves, so nothing is reported.
+        quiet = slot in self._live and self.all_committed(slot, hashes)
         super().retire(slot, hashes)
-        self._touched(slot, hashes)
+        if not quiet:
+            self._touched(slot, hashes)
 
     def clear_committed(self, slot: int) -> int:
         n = super().clear_committed(slot)
@@ -149,6 +156,7 @@ class LoggedBlockIndex(BlockIndex):
         return n
 
     def remove_target(self, slot: int) -> None:
+        self._live.discard(slot)
         super().remove_target(slot)
         self._touched(slot)
         self._dirty_all()

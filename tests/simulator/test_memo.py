@@ -196,3 +196,18 @@ def test_a_release_below_a_rule5_threshold_makes_the_spill_due_once():
     assert c.clean and c.spill_due and not c.holds() and sink.marked == ["waiting"]
     watches.released(x, 0.1 * theta)  # out of the heap until re-armed: not marked twice
     assert sink.marked == ["waiting"] and watches.rule5 == []
+
+
+def test_queue_log_drops_a_job_wherever_it_is_queued():
+    rng = random.Random(4)
+    queue, reference = QueueLog(lambda job, in_window: None), []
+    for step in range(3000):
+        if rng.random() < 0.55 or not reference:
+            job = Job(rid=str(step), prompt_lens=[1], keys=[])
+            queue.append(job)
+            reference.append(job)
+        else:
+            job = reference[0] if rng.random() < 0.3 else rng.choice(reference)
+            queue.drop(job)
+            reference.remove(job)
+        assert list(queue) == reference and set(queue.number) == set(reference)
