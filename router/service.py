@@ -68,7 +68,7 @@ class Router:
     # -- lifecycle ---------------------------------------------------------------------------
     async def start(self, app: web.Application) -> None:
         self.session = aiohttp.ClientSession(
-            connector=aiohttp.TCPConnector(limit=0, ttl_dns_cache=300),
+            connector=aiohttp.TCPConnector(limit=0, ttl_dns_cache=300, keepalive_timeout=self.cfg.worker_keepalive_s),
             timeout=aiohttp.ClientTimeout(total=self.cfg.request_timeout_s, connect=10),
             auto_decompress=False, headers=worker_auth_headers(self.cfg))
         self.pool = WorkerPool(self.cfg, self.index, self.ledger, self.session, on_change=self._on_capacity)

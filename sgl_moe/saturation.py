@@ -70,6 +70,9 @@ def calibrated(layers: list[dict[str, float]], f_ref: float, tokens: int, margin
 KNEE_FRACTION = 0.95
 """Throughput profile: Θ is the least work in flight that reaches this share of the best FLOPs/s measured
 (a prefill-only server is judged by throughput: Θ gives up at most 5% of the best for shorter queues)."""
+UNSATURATED_FACTOR = 2
+"""Throughput profile: when throughput still grows at the largest level profiled (the KV pool holds no more
+of the profile's prompts), Θ is this many times that level's work rather than that level's."""
 MONOTONE_SLACK = 0.7
 """Throughput profile: a level slower than this share of a level with fewer in flight means the timings
 measured something else (other processes on the host); the profile is refused (the fallback stays)."""
@@ -102,10 +105,19 @@ def from_throughput(points: list[tuple[int, float]], prompt_flops: float, prompt
     sat = next(i for i, r in enumerate(rates) if r >= knee * best)
     batch = sizes[sat]
     counted = f"their FLOPs + {overhead_flops:.3g} per request" if overhead_flops else "their FLOPs"
+    reached = f"reach {knee:.0%} of the best FLOPs/s ({rates[sat]:.3g} of {best:.3g})"
+    work = batch
+    if len(rates) > 1 and rates[-1] * knee > rates[-2]:
+        # The last level still gained more than the knee allows: the profile stopped (KV pool, level cap)
+        # before throughput did. Θ at that level would hold the worker below its knee; past it, SGLang
+        # queues what the pool cannot hold and keeps its batches full while the router answers.
+        work = UNSATURATED_FACTOR * batch
+        reached = (f"still gain {rates[-1] / rates[-2] - 1:.0%} over {sizes[-2]} (no knee before the profile's "
+                   f"largest level); Θ counts {UNSATURATED_FACTOR} x {batch} requests")
     return SaturationThreshold(
-        margin * batch * per_request,
-        f"measured throughput profile: {batch} request(s) of {prompt_tokens} tokens in flight reach "
-        f"{knee:.0%} of the best FLOPs/s ({rates[sat]:.3g} of {best:.3g}); margin {margin} x {counted}",
+        margin * work * per_request,
+        f"measured throughput profile: {batch} request(s) of {prompt_tokens} tokens in flight {reached}; "
+        f"margin {margin} x {counted}",
         "calibrated",
         {"margin": margin, "profile_prompt_tokens": prompt_tokens, "batch_sizes": sizes,
          "throughput_flops_per_s": rates, "saturation_batch": batch, "profile_seconds": seconds,

@@ -34,8 +34,14 @@ def test_saturation_is_the_fewest_in_flight_reaching_the_knee_of_the_best_throug
     # small gain would take 1; 8 is the first to reach 95% of the best.
     slow = [(c, c / 1.03 ** i) for i, c in enumerate([1, 2, 4, 8, 16])]
     assert saturation.from_throughput(slow, 10.0, 256, 1.0, 1.0).details["saturation_batch"] == 8
-    grows = [(1, 1.0), (2, 1.0), (4, 1.0)]
-    assert saturation.from_throughput(grows, 10.0, 256, 1.5, 1.0).flops == pytest.approx(1.5 * 40.0)
+    # Still doubling at the largest level profiled (the KV pool held no more): no knee was seen, so Θ is
+    # twice that level's work (times the margin), and the source says so.
+    grows = saturation.from_throughput([(1, 1.0), (2, 1.0), (4, 1.0)], 10.0, 256, 1.5, 1.0)
+    assert grows.flops == pytest.approx(1.5 * 2 * 40.0) and "no knee" in grows.source
+    assert grows.details["saturation_batch"] == 4
+    # A last level that gains less than the knee allows (4%) is a knee: that level's work.
+    flat = saturation.from_throughput([(1, 1.0), (2, 1.0), (4, 2.0 / 1.04)], 10.0, 256, 1.0, 1.0)
+    assert flat.details["saturation_batch"] == 2 and flat.flops == pytest.approx(20.0)
     with pytest.raises(CalibrationError):
         saturation.from_throughput([], 10.0, 256, 1.0, 1.0)
     # Measured on a loaded host (a real profile of this project's CPU runs): throughput halves with more in
