@@ -64,6 +64,8 @@ class Router:
         self.aborts = 0
         """Requests aborted on their worker because the client went away."""
         self._tasks: list[asyncio.Task] = []
+        self._pump_due = False
+        """A pump is scheduled for the next turn of the event loop (``_on_capacity``)."""
 
     # -- lifecycle ---------------------------------------------------------------------------
     async def start(self, app: web.Application) -> None:
@@ -86,7 +88,20 @@ class Router:
             await self.session.close()
 
     def _on_capacity(self) -> None:
-        if self.scheduler:
+        """Stored blocks or a new Θ may let queued requests run: pump once on the next turn of the event loop.
+
+        One pump per turn, not one per KV-event batch: a router (re)started in front of long-running workers
+        replays their event buffers (thousands of batches each), and a pump per batch re-scored up to
+        ``PUMP_SCAN_LIMIT`` queued requests each time (measured: 20-30 s of router CPU during a 600-request
+        bulk run, throughput 0.1x the same router's once the buffers were short)."""
+        if self.scheduler is None or self._pump_due:
+            return
+        self._pump_due = True
+        asyncio.get_running_loop().call_soon(self._pump)
+
+    def _pump(self) -> None:
+        self._pump_due = False
+        if self.scheduler is not None:
             self.scheduler.pump()
 
     async def _add_initial(self, url: str) -> None:
