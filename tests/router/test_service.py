@@ -11,3 +11,26 @@ def test_published_hooks_are_public_documented_coroutines():
     for name in HOOKS:
         method = getattr(Router, name)
         assert inspect.iscoroutinefunction(method) and inspect.getdoc(method), name
+
+
+def test_stored_blocks_pump_the_queue_once_per_event_loop_turn():
+    """A replay delivers thousands of KV-event batches in a few loop turns; each would re-score the queue."""
+    import asyncio
+    from types import SimpleNamespace
+
+    from sgl_moe.router.config import RouterConfig
+
+    async def run() -> list[int]:
+        router = Router(RouterConfig())
+        pumps: list[int] = []
+        router.scheduler = SimpleNamespace(pump=lambda: pumps.append(1))
+        for _ in range(1000):  # a chunk of replayed batches, each with stored blocks
+            router._on_capacity()
+        assert pumps == []  # nothing re-scored inside the chunk
+        await asyncio.sleep(0)
+        assert pumps == [1]
+        router._on_capacity()  # a later turn pumps again
+        await asyncio.sleep(0)
+        return pumps
+
+    assert asyncio.run(run()) == [1, 1]
