@@ -76,6 +76,9 @@ class RouterConfig:
     computing the same prefix in the same batch. 0 disables the wait."""
     prefix_wait_min_tokens: int = 64
     """Hold a request for promised blocks only when they cover at least this many tokens."""
+    hold_spills: bool = True
+    """A request about to be held for promised blocks goes to another worker with room instead when recomputing
+    its prompt there finishes sooner than waiting behind the holder (the spill rule applied to a hold)."""
     pending_ttl_s: float = 10.0
     """Safety net: a completed request's pending blocks are dropped this long after completion even if the
     worker never reports them stored (e.g. evicted at once, or KV events lost)."""

@@ -90,9 +90,10 @@ def wait_for_theta(urls: list[str], timeout: float = 300.0) -> list[dict]:
 
 
 def run_one(sc: Scenario, policy: str, urls: list[str], units: list[StreamUnit], sizes: Sizes, rate: float | None,
-            seed: int, log_dir: Path, router_args: list[str], progress: bool) -> tuple[list, float, dict]:
+            seed: int, log_dir: Path, router_args: list[str], progress: bool, run: int = 1) -> tuple[list, float, dict]:
     extra = router_args if policy != "cache_aware" else []
-    router = RouterUnderTest(policy, urls, log_dir / f"router-{sc.name}-{policy}.log", extra_args=extra)
+    name = f"router-{sc.name}-{policy}" + (f"-run{run}" if run > 1 else "")
+    router = RouterUnderTest(policy, urls, log_dir / f"{name}.log", extra_args=extra)
     flush_caches(urls)
     router.start()
     flush_caches(urls)  # also drops what a readiness probe may have cached
@@ -106,6 +107,7 @@ def run_one(sc: Scenario, policy: str, urls: list[str], units: list[StreamUnit],
             records, wall = asyncio.run(run_stream(router.url, units, clients, progress=progress))
         cpu1 = router.cpu_seconds()
         stats = {"router_cpu_s": None if cpu0 is None or cpu1 is None else cpu1 - cpu0,
+                 "table_sync_s": router.sync_seconds,
                  "loadavg_1m_start": load0, "loadavg_1m_end": os.getloadavg()[0]}
         if policy != "cache_aware":
             from sgl_moe.policy_bench.__main__ import router_stats
@@ -187,7 +189,7 @@ def main(argv: list[str] | None = None) -> int:
                 k = rep % len(args.routers)
                 for policy in args.routers[k:] + args.routers[:k]:
                     records, wall, stats = run_one(sc, policy, urls, units, sizes, rate, args.seed, log_dir,
-                                                   args.router_args.split(), progress=not args.smoke)
+                                                   args.router_args.split(), progress=not args.smoke, run=rep + 1)
                     row = summarize(policy, label(policy), records, wall, len(units), oracle)
                     row["router_stats"] = stats
                     runs[policy].append(row)

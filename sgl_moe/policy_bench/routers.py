@@ -34,6 +34,8 @@ class RouterUnderTest:
         self.port = free_port()
         self._ours: RouterProcess | None = None
         self._proc: subprocess.Popen | None = None
+        self.sync_seconds: float | None = None
+        """sgl_moe's router: seconds from ready to every worker's event replay done (``_wait_tables_synced``)."""
 
     @property
     def url(self) -> str:
@@ -45,6 +47,7 @@ class RouterUnderTest:
                                        args=["--policy", self.policy, "--log-level", "info", *self.extra_args])
             self._ours.start()
             self._ours.wait_ready(timeout=timeout)
+            self._wait_tables_synced(timeout)
             return
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         with open(self.log_path, "wb") as log:
@@ -71,6 +74,26 @@ class RouterUnderTest:
                     pass
                 time.sleep(0.5)
         raise RuntimeError(f"sglang-router not ready after {timeout:.0f} s; log: {self.log_path}")
+
+    def _wait_tables_synced(self, timeout: float) -> None:
+        """Until every worker's event stream has been replayed once (the router rebuilds a committed table from
+        the worker's replay buffer when it connects: with workers that outlive many routers, thousands of
+        batches, seconds of CPU on this 2-core host). The stream is offered after it, so a run measures
+        routing, not a restart; the time it took is logged. Gives up silently after ``timeout``."""
+        deadline, t0 = time.time() + timeout, time.time()
+        with httpx.Client(timeout=10.0) as client:
+            while time.time() < deadline:
+                try:
+                    workers = client.get(f"{self.url}/workers").json()
+                    workers = workers.get("workers", workers) if isinstance(workers, dict) else workers
+                    if workers and all(e["replays"] + e["replay_failures"] >= 1
+                                       for w in workers for e in w.get("events") or [{"replays": 1,
+                                                                                     "replay_failures": 0}]):
+                        self.sync_seconds = time.time() - t0
+                        return
+                except (httpx.HTTPError, ValueError, KeyError, TypeError):
+                    pass
+                time.sleep(0.2)
 
     def cpu_seconds(self) -> float | None:
         """CPU time the router's processes have used so far (user + system), or None if unknown."""

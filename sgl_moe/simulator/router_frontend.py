@@ -100,7 +100,9 @@ class RouterFrontend:
                  prefix_wait_s: float = RouterConfig.prefix_wait_s, memo: bool = True) -> None:
         self.cfg = RouterConfig(policy=policy, saturation_flops=theta, queue_size=queue_size,
                                 max_affinity_wait_s=max_affinity_wait_s, pending_ttl_s=pending_ttl_s,
-                                prefix_wait_s=prefix_wait_s)
+                                prefix_wait_s=prefix_wait_s, hold_spills=False)
+        # hold_spills: the memo's certificates for held jobs do not yet watch the other workers' room, which the
+        # router's hold-to-spill rule reads; the simulator models the router without it.
         memo = memo and policy == "longest_block_match"
         # The memo only ever vouches for longest_block_match jobs (the others wait only when no worker has room);
         # without it the router's own index serves (the logged one's bookkeeping would be spent for nothing).

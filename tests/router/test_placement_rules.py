@@ -274,3 +274,32 @@ def test_the_wait_limit_uses_the_speed_observed_on_the_real_workload_once_known(
     sched.pump()
     # Two hits ahead (the one in flight, then its own) at 5 s each, twice: 20 s, not the profile's 0.
     assert late.waiting_for == "w0" and late.wait_limit_s == pytest.approx(20.0)
+
+
+def _held_behind_work(hold_spills: bool):
+    """w0 computes prefix P for 'a' and has 4 more full requests of work ahead; 'b' matches P."""
+    full = FLOPS.request_flops(0, 9 * PAGE + 1)
+    sched, pool, index, _ = make(n=2, theta=5.5 * full, prefix_wait_min_tokens=PAGE, hold_spills=hold_spills)
+    sched.scan_all = True  # the direct load change below bypasses the load-ordered view
+    a = sched.try_place(job("a", range(1, 9)))
+    w0 = a.worker
+    w0.inflight_flops += 4 * full  # other requests' work on the holder
+    return sched, w0, sched.try_place(job("b", [*range(1, 9), 50]))
+
+
+def test_a_hold_yields_to_a_spill_when_another_worker_has_room_and_finishes_sooner():
+    sched, holder, b = _held_behind_work(True)
+    assert b is not None and b.worker is not holder and b.reason.startswith("spill:")
+    assert "duplicate would pass its Θ" in b.reason and sched.stats.spills == 1 and sched.stats.prefix_waits == 0
+    assert b.predicted_cached_tokens == 0  # it recomputes the prefix there
+    sched, holder, b = _held_behind_work(False)  # the rule off (the simulator's memo does not model it yet)
+    assert b is None and sched.stats.prefix_waits == 1
+
+
+def test_a_hold_with_little_work_ahead_still_waits_for_the_blocks():
+    # test_hold_for_promised_blocks_when_the_duplicate_would_pass_theta's setup: only 'a' ahead on the holder,
+    # so recomputing elsewhere (charged twice) does not finish sooner than waiting: the hold stands.
+    theta = 1.5 * FLOPS.request_flops(0, 8 * PAGE + 1)
+    sched, pool, index, _ = make(n=2, theta=theta, prefix_wait_min_tokens=PAGE)
+    sched.try_place(job("a", range(1, 9)))
+    assert sched.try_place(job("b", [*range(1, 9), 50])) is None and sched.stats.spills == 0

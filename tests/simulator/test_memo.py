@@ -60,7 +60,7 @@ def test_memo_places_as_the_plain_scheduler_in_a_backlog(workers, requests, thet
 
 def test_learned_spill_threshold_is_the_policys():
     cal = h100_30b()
-    cfg = RouterConfig(policy="longest_block_match", saturation_flops=cal.theta)
+    cfg = RouterConfig(policy="longest_block_match", saturation_flops=cal.theta, hold_spills=False)
     info = worker_info(cal, cal.theta)
     k = spill_penalty(cfg, info)
     assert k is not None
@@ -148,7 +148,7 @@ class _Sink:
 
 def test_a_held_job_is_revisited_when_its_worker_saturates_and_broken_when_another_gets_lighter():
     cal = h100_30b()
-    cfg = RouterConfig(policy="longest_block_match", saturation_flops=cal.theta)
+    cfg = RouterConfig(policy="longest_block_match", saturation_flops=cal.theta, hold_spills=False)
     info = worker_info(cal, cal.theta)
     index = BlockIndex()
     pool = WorkerPool.without_http(cfg, index, PendingLedger(index, ttl_s=1.0), lambda: None)
@@ -180,7 +180,7 @@ def test_a_held_job_is_revisited_when_its_worker_saturates_and_broken_when_anoth
 
 def test_a_release_below_a_rule5_threshold_makes_the_spill_due_once():
     cal = h100_30b()
-    cfg = RouterConfig(policy="longest_block_match", saturation_flops=cal.theta)
+    cfg = RouterConfig(policy="longest_block_match", saturation_flops=cal.theta, hold_spills=False)
     info = worker_info(cal, cal.theta)
     index = BlockIndex()
     pool = WorkerPool.without_http(cfg, index, PendingLedger(index, ttl_s=1.0), lambda: None)
