@@ -64,6 +64,10 @@ class RouterConfig:
     least_flops (in-flight FLOPs relative to Θ, no affinity)."""
     saturation_flops: float | None = None
     """Θ for every worker in FLOPs, overriding the value each worker reports (and its later calibration)."""
+    request_overhead_flops: float | None = None
+    """Fixed work of one request (FLOPs) for every worker, overriding what each measured. Workers of one kind
+    measure slightly different values; pinned with ``saturation_flops``, they cost every job alike, so placement
+    takes the load-ordered fast path instead of scoring every worker."""
     queue_size: int = 4096
     """Requests that may wait for admission; beyond it the router answers 429 with Retry-After."""
     queue_timeout_s: float = 300.0
@@ -137,6 +141,8 @@ class RouterConfig:
             raise ValueError(f"--max-affinity-wait-s must be >= 0, got {self.max_affinity_wait_s}")
         if self.saturation_flops is not None and not self.saturation_flops > 0:
             raise ValueError(f"--saturation-flops must be positive, got {self.saturation_flops}")
+        if self.request_overhead_flops is not None and not self.request_overhead_flops >= 0:
+            raise ValueError(f"--request-overhead-flops must be >= 0, got {self.request_overhead_flops}")
         if not 0 < self.port < 65536:
             raise ValueError(f"--port must be in 1..65535, got {self.port}")
         for url in self.worker_urls:

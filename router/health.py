@@ -97,7 +97,7 @@ class HealthMonitor:
             return
         pinned = self.pool.cfg.saturation_flops
         old = worker.theta
-        worker.install(info, pinned)
+        worker.install(info, pinned, self.pool.cfg.request_overhead_flops)
         if pinned is None:
             log.info("worker %s Θ %s: %.4g -> %.4g FLOPs (%s)", worker.id, info.saturation.state, old, worker.theta,
                      info.saturation.source)
@@ -116,5 +116,5 @@ class HealthMonitor:
                 dropped = pool.index.clear_committed(slot)
                 log.info("worker %s restarted (new instance %s): dropped %d committed blocks of rank %d",
                          worker.id, info.instance_id, dropped, rank)
-            worker.install(info, pool.cfg.saturation_flops)
+            worker.install(info, pool.cfg.saturation_flops, pool.cfg.request_overhead_flops)
         pool.mark_healthy(worker)

@@ -105,21 +105,22 @@ class Worker:
 
     @classmethod
     def from_info(cls, worker_id: str, url: str, info: WorkerInfo, pinned_theta: float | None,
-                  learned: dict[str, str] | None = None) -> Worker:
+                  learned: dict[str, str] | None = None, pinned_overhead: float | None = None) -> Worker:
         """A worker that has just joined: no slots yet, Θ installed from ``info`` (or pinned)."""
         worker = cls(id=worker_id, url=url, info=info, flops=info.flops, theta=0.0, theta_source="", slots={},
                      learned=dict(learned or {}))
-        worker.install(info, pinned_theta)
+        worker.install(info, pinned_theta, pinned_overhead)
         return worker
 
-    def install(self, info: WorkerInfo, pinned_theta: float | None) -> None:
+    def install(self, info: WorkerInfo, pinned_theta: float | None, pinned_overhead: float | None = None) -> None:
         """Adopt the worker's latest info and its Θ (seed 000 App. B.4: installed on receipt), unless the
         router's ``--saturation-flops`` (``pinned_theta``) pins Θ for every worker. The request overhead is
-        the worker's measurement either way (it is what a request costs there, not a threshold)."""
+        the worker's measurement unless ``--request-overhead-flops`` (``pinned_overhead``) pins it."""
         global INSTALLS
         INSTALLS += 1
         self.info = info
-        self.request_overhead_flops = info.saturation.request_overhead_flops or 0.0
+        measured = info.saturation.request_overhead_flops or 0.0
+        self.request_overhead_flops = measured if pinned_overhead is None else pinned_overhead
         if pinned_theta is not None:
             self.theta, self.theta_source = pinned_theta, PINNED_THETA_SOURCE
         else:

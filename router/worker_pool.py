@@ -174,7 +174,8 @@ class WorkerPool:
         ``learned``: for a plain SGLang worker, where each field of ``info`` came from (``Worker.learned``).
         """
         check_compatible(url, info, self._reference)
-        worker = Worker.from_info(worker_id or f"w{self._next_id}", url, info, self.cfg.saturation_flops, learned)
+        worker = Worker.from_info(worker_id or f"w{self._next_id}", url, info, self.cfg.saturation_flops, learned,
+                                  self.cfg.request_overhead_flops)
         self._next_id += 1
         if self._reference is None:
             self._reference = info

@@ -6,10 +6,11 @@ straight to a worker once; through the router it must get the same status (a wor
 worker itself cannot serve (5xx straight to it) is skipped. Answers without ``x-sgl-moe-worker`` come from the
 router itself and must have its one JSON error shape.
 
-Paths: ``python -m sgl_moe.router`` at ``--log-level info`` (the load-ordered fast path: Θ is pinned so the
-workers are uniform) and at ``--log-level debug`` (every decision scores every worker); the shipped tokenizer
-is exact there. The router app in-process with its tokenizer's ``exact`` set False (what any non-generic
-tokenizer class gives) covers routing without affinity on both paths, with the client's text forwarded.
+Paths: ``python -m sgl_moe.router`` at ``--log-level info`` (the load-ordered fast path: Θ and the request
+overhead are pinned so the workers are uniform) and at ``--log-level debug`` (every decision scores every
+worker); the shipped tokenizer is exact there. The router app in-process with its tokenizer's ``exact`` set
+False (what any non-generic tokenizer class gives) covers routing without affinity on both paths, with the
+client's text forwarded.
 """
 
 from __future__ import annotations
@@ -29,6 +30,8 @@ from sgl_moe.router.service import ROUTER, build_app
 
 THETA = "1e18"
 """Pinned Θ: one Θ for both workers (the fast path needs it) and never saturated by this file's requests."""
+OVERHEAD = "3e8"
+"""Pinned request overhead: each worker measures its own (noise makes them differ), and the fast path needs one."""
 HIDDEN = json.loads((DEFAULT_MODEL_DIR / "config.json").read_text())["hidden_size"]
 TEXT = "Routing every request kind: the quick brown fox jumps over the lazy dog. " * 4
 OTHER = "Pack my box with five dozen liquor jugs, then route it. " * 3
@@ -81,7 +84,8 @@ def routers(cluster, tmp_path_factory):
     try:
         for path, level in (("fast", "info"), ("scan", "debug")):
             r = RouterProcess(log_path=folder / f"router-{path}.log", worker_urls=[w.url for w in cluster],
-                              args=["--log-level", level, "--saturation-flops", THETA])
+                              args=["--log-level", level, "--saturation-flops", THETA,
+                                    "--request-overhead-flops", OVERHEAD])
             started[path] = r
             r.start()
             r.wait_ready(timeout=60)
@@ -123,7 +127,8 @@ def test_request_kind_without_affinity(name, path, cluster, direct):
     endpoint, body = ROWS[name]
 
     async def scenario() -> tuple[int, dict, bytes, int]:
-        cfg = RouterConfig(worker_urls=tuple(w.url for w in cluster), saturation_flops=float(THETA))
+        cfg = RouterConfig(worker_urls=tuple(w.url for w in cluster), saturation_flops=float(THETA),
+                           request_overhead_flops=float(OVERHEAD))
         async with TestClient(TestServer(build_app(cfg))) as client:
             router = client.server.app[ROUTER]
             for _ in range(600):

@@ -107,3 +107,14 @@ def test_a_new_theta_or_overhead_rebuilds_the_load_ordered_view():
     assert view is not first and view.theta == 5e6
     workers[0].install(replace(info, saturation=replace(info.saturation, request_overhead_flops=0.0)), None)
     assert sched.uniform_view(workers) is None  # two cost models: the fast path's precondition fails
+    # --request-overhead-flops pins one overhead for every worker (each measured its own): uniform again.
+    for w in workers:
+        w.install(w.info, None, pinned_overhead=1e5)
+    view = sched.uniform_view(workers)
+    assert view is not None and {w.request_overhead_flops for w in workers} == {1e5}
+    assert workers[0].info.saturation.request_overhead_flops == 0.0  # the measurement itself is kept
+
+
+def test_pinned_overhead_must_not_be_negative():
+    with pytest.raises(ValueError, match="request-overhead-flops"):
+        RouterConfig(request_overhead_flops=-1.0).validate()
