@@ -54,7 +54,9 @@ def test_prediction_matches_what_the_worker_reports(cluster, router_factory):
 
 
 def test_burst_of_same_prefix_converges_on_one_worker(cluster, router_factory):
-    router = router_factory(cluster)
+    # Θ pinned well above the burst: each worker measures its own Θ, and one whose profile found its knee at 16
+    # requests (1.4e10 FLOPs, under the burst's 1.8e10) rightly spills the last of the burst to the idle worker.
+    router = router_factory(cluster, "--saturation-flops", "1e12")
     prefix = unique_text(120)
     with cf.ThreadPoolExecutor(9) as pool:
         # A few decode steps keep the burst in flight long enough to be seen (one-token prefills of the tiny
