@@ -6,6 +6,7 @@ Used by the demo, the test fixtures and the benchmarks, so a worker is always st
 from __future__ import annotations
 
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -18,6 +19,8 @@ from typing import Any
 
 import httpx
 
+from sgl_moe.wire import KV_EVENTS_PORT_OFFSET, REPLAY_PORT_OFFSET
+
 
 class WorkerStartError(RuntimeError):
     """The worker exited or did not become ready; the message carries the end of its log."""
@@ -27,6 +30,36 @@ def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket() as s:
         s.bind((host, 0))
         return s.getsockname()[1]
+
+
+WORKER_PORTS = range(20000, 28000)
+"""Where ``free_worker_port`` looks: below Linux's ephemeral range (32768-60999), so no outgoing connection holds
+the port or its KV-event ports when the worker binds them."""
+EVENT_PORT_OFFSETS = tuple(base + rank for base in (KV_EVENTS_PORT_OFFSET, REPLAY_PORT_OFFSET) for rank in range(4))
+"""``launch_server`` publishes KV events on the worker's port + 1000 and replays on + 2000, plus the DP rank
+(up to 4 ranks checked)."""
+
+
+def _bindable(host: str, port: int) -> bool:
+    with socket.socket() as s:
+        try:
+            s.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
+def free_worker_port(host: str = "127.0.0.1", attempts: int = 200) -> int:
+    """A port for a worker whose KV-event ports (``EVENT_PORT_OFFSETS``) are free too.
+
+    ``free_port`` alone took an ephemeral port, and its + 1000 was sometimes another worker's, or a client
+    connection's (CI: "KV-event port(s) 43589 ... are in use" failed a fixture's start-up)."""
+    rng = random.Random()
+    for _ in range(attempts):
+        port = rng.choice(WORKER_PORTS)
+        if all(_bindable(host, port + off) for off in (0, *EVENT_PORT_OFFSETS)):
+            return port
+    raise WorkerStartError(f"no free worker port (with its KV-event ports) in {WORKER_PORTS} after {attempts} tries")
 
 
 def stop_process_group(proc: subprocess.Popen | None, sig: int, grace: float) -> None:
@@ -77,7 +110,7 @@ class WorkerProcess:
 
     def start(self) -> WorkerProcess:
         if self.port == 0:
-            self.port = free_port(self.host)
+            self.port = free_worker_port(self.host)
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         log = open(self.log_path, "wb")
         cmd = [sys.executable, "-m", "sgl_moe.launch_server", "--host", self.host, "--port", str(self.port), *self.args]
