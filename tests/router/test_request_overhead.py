@@ -66,14 +66,14 @@ def test_every_prompt_costs_its_flops_plus_the_workers_overhead():
     assert w.describe(BlockIndex())["request_overhead_flops"] == FULL
 
 
-def _hot_prefix_run(overhead: float) -> dict[str, int]:
+def _hot_prefix_run(overhead: float, **cfg) -> dict[str, int]:
     """16 requests sharing a 256-token prefix that w0 holds, offered at once to two workers whose Θ is the
     same 4 full requests of work in flight; returns where they went (placed now or left queued)."""
     index = BlockIndex()
     pool = Pool(index, 2, theta=4 * (FULL + overhead))
     for w in pool.workers.values():
         w.request_overhead_flops = overhead
-    sched = Scheduler(RouterConfig(), pool, index, PendingLedger(index, ttl_s=10), clock=Clock())
+    sched = Scheduler(RouterConfig(**cfg), pool, index, PendingLedger(index, ttl_s=10), clock=Clock())
     prefix = list(range(1, 17))  # 16 blocks of 16 tokens
     index.store(pool.workers["w0"].slots[0], prefix)
     where = {"w0": 0, "w1": 0, "queued": 0}
@@ -88,9 +88,11 @@ def test_counting_the_overhead_stops_a_hot_prefix_from_piling_on_one_worker():
     # prefix admits all 16 while the other worker idles.
     assert _hot_prefix_run(0.0) == {"w0": 16, "w1": 0, "queued": 0}
     # A fixed cost of one full request's FLOPs (the CPU's ratio): the holder fills at 7 hits; past that a hit
-    # finishes sooner recomputing the prefix on the idle worker than queued behind the holder's work, so the
-    # rest spill, and the last ones wait (both workers are at Θ).
-    assert _hot_prefix_run(FULL) == {"w0": 7, "w1": 3, "queued": 6}
+    # finishes sooner recomputing the prefix on the idle worker than queued behind the holder's work, so one
+    # spills there, the next ones follow it to the blocks it promised, and the last ones wait (both at Θ).
+    assert _hot_prefix_run(FULL) == {"w0": 7, "w1": 6, "queued": 3}
+    # With holds for promised blocks (--prefix-wait-s 30) the followers of the spill wait for its blocks instead.
+    assert _hot_prefix_run(FULL, prefix_wait_s=30.0) == {"w0": 7, "w1": 3, "queued": 6}
 
 
 def test_a_new_theta_or_overhead_rebuilds_the_load_ordered_view():

@@ -38,6 +38,7 @@ def make(n=2, theta=1e6, **cfg):
     index = BlockIndex()
     ledger = PendingLedger(index, ttl_s=10)
     pool = Pool(index, n, theta)
+    cfg.setdefault("prefix_wait_s", 30.0)  # holds are off by default (--prefix-wait-s 0); these tests use them
     return Scheduler(RouterConfig(**cfg), pool, index, ledger), pool, index
 
 
