@@ -20,6 +20,7 @@ from typing import Any
 import httpx
 
 from sgl_moe.wire import KV_EVENTS_PORT_OFFSET, REPLAY_PORT_OFFSET
+from sgl_moe.worker.preflight import port_free
 
 
 class WorkerStartError(RuntimeError):
@@ -40,15 +41,6 @@ EVENT_PORT_OFFSETS = tuple(base + rank for base in (KV_EVENTS_PORT_OFFSET, REPLA
 (up to 4 ranks checked)."""
 
 
-def _bindable(host: str, port: int) -> bool:
-    with socket.socket() as s:
-        try:
-            s.bind((host, port))
-        except OSError:
-            return False
-    return True
-
-
 def free_worker_port(host: str = "127.0.0.1", attempts: int = 200) -> int:
     """A port for a worker whose KV-event ports (``EVENT_PORT_OFFSETS``) are free too.
 
@@ -57,7 +49,7 @@ def free_worker_port(host: str = "127.0.0.1", attempts: int = 200) -> int:
     rng = random.Random()
     for _ in range(attempts):
         port = rng.choice(WORKER_PORTS)
-        if all(_bindable(host, port + off) for off in (0, *EVENT_PORT_OFFSETS)):
+        if all(port_free(host, port + off) for off in (0, *EVENT_PORT_OFFSETS)):
             return port
     raise WorkerStartError(f"no free worker port (with its KV-event ports) in {WORKER_PORTS} after {attempts} tries")
 
