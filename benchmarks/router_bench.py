@@ -21,6 +21,7 @@ import json
 import random
 import sys
 import time
+import uuid
 from pathlib import Path
 
 import aiohttp
@@ -28,8 +29,8 @@ from aiohttp import web
 
 from sgl_moe import DEFAULT_MODEL_DIR, saturation, wire
 from sgl_moe.flops import FlopsModel
-from sgl_moe.harness.router_process import RouterProcess
 from sgl_moe.harness.worker_process import free_port
+from sgl_moe.policy_bench.routers import OURS, RouterUnderTest, label
 from sgl_moe.router.block_hash import block_hashes
 from sgl_moe.router.block_index import BlockIndex
 from sgl_moe.router.config import RouterConfig
@@ -38,6 +39,7 @@ from sgl_moe.router.pending import PendingLedger
 from sgl_moe.router.scheduler import Scheduler
 from sgl_moe.router.service import tune_gc
 from sgl_moe.router.worker import Worker
+from sgl_moe.simulator.report import machine
 from sgl_moe.worker.args import MoeArgs
 from sgl_moe.worker.info import build_info
 
@@ -106,7 +108,7 @@ def stand_in_worker_app() -> web.Application:
     """Answers like a worker, instantly: enough for the router to discover it and proxy to it."""
     config = json.loads((DEFAULT_MODEL_DIR / "config.json").read_text())
     info = build_info(model_name=str(DEFAULT_MODEL_DIR), model_path=str(DEFAULT_MODEL_DIR),
-                      tokenizer_path=str(DEFAULT_MODEL_DIR), hf_config=config, instance_id="bench",
+                      tokenizer_path=str(DEFAULT_MODEL_DIR), hf_config=config, instance_id=uuid.uuid4().hex,
                       context_length=4096, page_size=PAGE, step_tokens=4096, dp_size=1, kv_events_config=None,
                       prefix_caching=True, device="none", sglang_version="stand-in", moe=MoeArgs(),
                       theta=saturation.without_transfer(FlopsModel.from_hf_config(config).request_flops(0, 4096),
@@ -157,7 +159,10 @@ async def drive(url: str, seconds: float, concurrency: int, prompt_words: int) -
             "p50_ms": pct(latencies, 0.5) * 1e3, "p99_ms": pct(latencies, 0.99) * 1e3}
 
 
-async def rate_benchmark(n_stand_ins: int, seconds: float, concurrency: int, prompt_words: int) -> dict:
+async def rate_benchmark(n_stand_ins: int, seconds: float, concurrency: int, prompt_words: int,
+                         routers: list[str], router_args: list[str]) -> dict:
+    """Each router in ``routers`` started fresh in front of the same stand-ins and driven for ``seconds``; its
+    processes' CPU seconds (user + system) over the drive, per request, is the router's own cost."""
     runners, urls = [], []
     for _ in range(n_stand_ins):
         runner = web.AppRunner(stand_in_worker_app(), access_log=None)
@@ -166,18 +171,28 @@ async def rate_benchmark(n_stand_ins: int, seconds: float, concurrency: int, pro
         await web.TCPSite(runner, "127.0.0.1", port).start()
         runners.append(runner)
         urls.append(f"http://127.0.0.1:{port}")
-    router = RouterProcess(log_path=Path(".work/logs/bench-router.log"), worker_urls=urls,
-                           args=["--log-level", "warning"])
+    out = {"stand_ins": n_stand_ins, "concurrency": concurrency, "prompt_words": prompt_words, "seconds": seconds}
     try:
-        router.start()
-        await asyncio.to_thread(router.wait_ready, 60)
-        direct = await drive(urls[0], seconds, concurrency, prompt_words)
-        via = await drive(router.url, seconds, concurrency, prompt_words)
+        out["direct_to_stand_in"] = await drive(urls[0], seconds, concurrency, prompt_words)
+        for policy in routers:
+            router = RouterUnderTest(policy, urls, Path(f".work/logs/bench-router-{policy}.log"),
+                                     ["--log-level", "warning", *router_args] if policy in OURS else [])
+            try:
+                await asyncio.to_thread(router.start, 120)
+                await drive(router.url, min(2.0, seconds), concurrency, prompt_words)  # warm-up: connections, caches
+                cpu0 = router.cpu_seconds()
+                result = await drive(router.url, seconds, concurrency, prompt_words)
+                cpu1 = router.cpu_seconds()
+            finally:
+                router.stop()
+            if cpu0 is not None and cpu1 is not None and result["requests"]:
+                result["router_cpu_s"] = cpu1 - cpu0
+                result["router_cpu_ms_per_request"] = (cpu1 - cpu0) / result["requests"] * 1e3
+            out[label(policy)] = result
     finally:
-        router.stop()
         for runner in runners:
             await runner.cleanup()
-    return {"direct_to_stand_in": direct, "through_router": via, "stand_ins": n_stand_ins}
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -189,22 +204,36 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--concurrency", type=int, default=64)
     parser.add_argument("--stand-ins", type=int, default=4)
     parser.add_argument("--prompt-words", type=int, default=200)
+    parser.add_argument("--routers", nargs="+", default=["longest_block_match", "cache_aware"],
+                        help="routers driven one after another (sgl_moe policies or sglang-router's)")
+    parser.add_argument("--router-args", default="", help="extra flags for sgl_moe's router")
+    parser.add_argument("--out", type=Path, help="write the results as JSON")
+    parser.add_argument("--skip-decision", action="store_true", help="only the request-rate part")
     args = parser.parse_args(argv)
-    print(f"decision time: {args.workers} workers, {args.prompt_tokens}-token prompts, {args.requests} requests ...",
-          flush=True)
-    d = decision_benchmark(args.workers, args.prompt_tokens, args.requests)
-    print(f"  block hashing  p50 {d['hash_p50_us']:7.1f} us   p99 {d['hash_p99_us']:7.1f} us")
-    print(f"  decision       p50 {d['decision_p50_us']:7.1f} us   p99 {d['decision_p99_us']:7.1f} us "
-          f"(match + cost + choice + reservation; target p99 < 1000 us)")
-    print(f"  hash+decision  p99 {d['hash_plus_decision_p99_us']:7.1f} us")
-    print(f"request rate: router in front of {args.stand_ins} instant stand-in workers, {args.concurrency} "
-          f"concurrent clients, {args.prompt_words}-word prompts, {args.rate_seconds:.0f} s ...", flush=True)
-    r = asyncio.run(rate_benchmark(args.stand_ins, args.rate_seconds, args.concurrency, args.prompt_words))
-    for name in ("direct_to_stand_in", "through_router"):
-        x = r[name]
-        print(f"  {name:<20} {x['req_per_s']:8.0f} req/s   p50 {x['p50_ms']:6.1f} ms   p99 {x['p99_ms']:6.1f} ms   "
-              f"({x['requests']} requests, {x['errors']} errors)")
-    print(json.dumps({"decision": d, "rate": r}, indent=1))
+    d = None
+    if not args.skip_decision:
+        print(f"decision time: {args.workers} workers, {args.prompt_tokens}-token prompts, {args.requests} "
+              "requests ...", flush=True)
+        d = decision_benchmark(args.workers, args.prompt_tokens, args.requests)
+        print(f"  block hashing  p50 {d['hash_p50_us']:7.1f} us   p99 {d['hash_p99_us']:7.1f} us")
+        print(f"  decision       p50 {d['decision_p50_us']:7.1f} us   p99 {d['decision_p99_us']:7.1f} us "
+              f"(match + cost + choice + reservation; target p99 < 1000 us)")
+        print(f"  hash+decision  p99 {d['hash_plus_decision_p99_us']:7.1f} us")
+    print(f"request rate: routers in front of {args.stand_ins} instant stand-in workers, {args.concurrency} "
+          f"concurrent clients, {args.prompt_words}-word prompts, {args.rate_seconds:.0f} s each ...", flush=True)
+    r = asyncio.run(rate_benchmark(args.stand_ins, args.rate_seconds, args.concurrency, args.prompt_words,
+                                   args.routers, args.router_args.split()))
+    for name, x in r.items():
+        if not isinstance(x, dict):
+            continue
+        cpu = (f"router CPU {x['router_cpu_ms_per_request']:.2f} ms/request"
+               if "router_cpu_ms_per_request" in x else "")
+        print(f"  {name:<34} {x['req_per_s']:8.0f} req/s   p50 {x['p50_ms']:6.1f} ms   p99 {x['p99_ms']:6.1f} ms   "
+              f"({x['requests']} requests, {x['errors']} errors)  {cpu}")
+    result = {"decision": d, "rate": r, "machine": machine()}
+    if args.out:
+        args.out.write_text(json.dumps(result, indent=1))
+    print(json.dumps(result, indent=1))
     return 0
 
 

@@ -233,21 +233,19 @@ class RouterTokenizer:
         """The ids SGLang prefills for each text sent to ``/generate`` (special tokens added)."""
         if not texts:
             return []
-        if self._stock:  # the same Rust call as tokenizer(texts), without building a BatchEncoding
-            return [e.ids for e in self.backend.encode_batch(texts, add_special_tokens=True)]
+        if self._stock:  # the Rust call tokenizer(texts) makes, without a BatchEncoding or character offsets
+            return [e.ids for e in self.backend.encode_batch_fast(texts, add_special_tokens=True)]
         if self.backend is not None:
             return self.hf(texts)["input_ids"]
         return [self.hf.encode(t) for t in texts]
 
     def encode(self, text: str) -> list[int]:
-        if self._stock:
-            return self.backend.encode(text, add_special_tokens=True).ids
         return self.encode_batch([text])[0]
 
     def encode_plain(self, text: str) -> list[int]:
         """The ids of ``text`` with no special tokens added (rendered chat prompts, score items)."""
         if self._stock:
-            return self.backend.encode(text, add_special_tokens=False).ids
+            return self.backend.encode_batch_fast([text], add_special_tokens=False)[0].ids
         return self.hf.encode(text, add_special_tokens=False)
 
     @cached_property

@@ -52,7 +52,7 @@ def add_dataclass_args(parser: argparse.ArgumentParser, cls: type, prefix: str, 
             continue
         flag = f"--{prefix}{f.name.replace('_', '-')}"
         base, optional = _base_type(hints[f.name])
-        help_text = docs.get(f.name, "")
+        help_text = docs.get(f.name, "").replace("%", "%%")  # argparse formats help with %
         dest = f"{prefix.replace('-', '_')}{f.name}"
         if base is bool:
             group.add_argument(flag, dest=dest, action=argparse.BooleanOptionalAction, default=f.default,
