@@ -49,7 +49,13 @@ class FastPath:
         if policy == "least_flops":
             w = view.least(lambda x: x / theta, highest_id=False)
             return score_one(job, w, groups), "least in-flight FLOPs / Θ"
-        if not groups:  # every worker costs the same: least in-flight FLOPs, ties in turn
+        if not groups:  # every worker costs the same: its prefix's home, else least loaded, ties in turn
+            home_id = self.policy.home_of(job)
+            if home_id is not None:
+                home = next((w for w in workers if w.id == home_id), None)
+                decision = self.policy.to_home(job, score_one(job, home, groups)) if home is not None else None
+                if decision is not None:
+                    return decision
             w = view.least_in_turn(self.policy.last_by_load)
             self.policy.took_by_load(w)
             return score_one(job, w, groups), "no prefix match anywhere: least loaded after this request, ties in turn"
@@ -104,6 +110,9 @@ class FastPath:
             # When the first prompt matches nowhere the policy takes the least loaded after the job, ties in
             # turn: among the workers holding nothing, that is the least loaded, ties in turn.
             reps.append(view.least_in_turn(self.policy.last_by_load, skip=skip))
+        home_id = self.policy.home_of(job)
+        if home_id is not None and not any(c.worker.id == home_id for c in cands):
+            reps.append(next((w for w in workers if w.id == home_id), None))  # the policy may send it home
         for w in dict.fromkeys(r for r in reps if r is not None):
             rank, slot = min(w.slots.items())  # nothing matched: the lowest DP rank, as score_all picks
             cands.append(Candidate(w, slot, rank, 0, zero, free))

@@ -21,6 +21,8 @@ saturated, the job either waits for it or spills to the best worker with room:
 
 A job matching nothing anywhere goes to the least-loaded worker after this request; equally loaded
 workers (all idle, typically) are taken in turn, so new prefixes spread instead of piling on the lowest id.
+With ``prefix_homes`` it goes first to the worker its prefix was last placed on, when that has room; when
+that is saturated, its placement by load is deferred to the pump's second pass, as a spill is.
 
 A job without block keys (``Job.affinity`` False: the router could not compute the exact prompt ids, or the
 request's KV namespace is not hashed) is placed by load alone under ``longest_block_match`` and
@@ -40,6 +42,7 @@ from collections.abc import Callable
 from sgl_moe.router.candidates import Candidate
 from sgl_moe.router.config import RouterConfig
 from sgl_moe.router.job import Job
+from sgl_moe.router.prefix_homes import PrefixHomes
 from sgl_moe.router.worker import Worker
 
 log = logging.getLogger("sgl_moe.router.decisions")
@@ -78,6 +81,8 @@ class PlacementPolicy:
         workers are taken in turn after it (shared by both placement paths, as the round-robin turn is)."""
         self.defer_spills = False
         """Set by the scheduler during the first pass of a pump: spills wait for the second pass."""
+        self.homes = PrefixHomes() if cfg.prefix_homes and cfg.policy == "longest_block_match" else None
+        """Where each prefix was last placed (``RouterConfig.prefix_homes``); the scheduler records placements."""
 
     def choose(self, job: Job, cands: list[Candidate]) -> Decision | None:
         """The policy's pick among scored candidates (both placement paths end here unless they pick alone)."""
@@ -136,6 +141,12 @@ class PlacementPolicy:
 
         best = max(cands, key=rank)
         if best.matched_blocks == 0:
+            home_id = self.home_of(job)
+            home = next((c for c in cands if c.worker.id == home_id), None) if home_id is not None else None
+            decision = self.to_home(job, home) if home is not None else None
+            if decision is not None:
+                return decision
+
             def after(c: Candidate) -> float:
                 return (c.worker.inflight_flops + c.cost) / c.worker.theta
             least = min(after(c) for c in admissible)
@@ -170,6 +181,23 @@ class PlacementPolicy:
         job.waiting_for, job.waiting_cost = best.worker.id, best.cost
         return None, (f"waiting for {best.worker.id} ({best.matched_blocks} blocks, {waited:.1f} s of at most "
                       f"{job.wait_limit_s:.1f} s so far; a spill would add {extra:.3g} FLOPs)")
+
+    def home_of(self, job: Job) -> str | None:
+        """Id of the worker ``job``'s prefix was last placed on (``prefix_homes``; single-prompt jobs)."""
+        if self.homes is None or len(job.keys) != 1:
+            return None
+        return self.homes.home(job.keys[0])
+
+    def to_home(self, job: Job, home: Candidate) -> Decision | None:
+        """A job matching nothing anywhere, scored on its prefix's home: there if it has room; in the pump's
+        first pass, deferred while the home is saturated; else None (the job is placed by load)."""
+        if home.worker.admissible:
+            return home, f"no prefix match anywhere; its prefix last went to {home.worker.id}"
+        if self.defer_spills:
+            job.waiting_for, job.waiting_cost = home.worker.id, home.cost
+            return None, (f"{DEFERRED}: no prefix match anywhere and its prefix's home {home.worker.id} is "
+                          "saturated; room goes first to the jobs whose home it is (first pass of the pump)")
+        return None
 
     def wait_limit(self, worker: Worker, wait_flops: float) -> float:
         """Seconds a job may wait for saturated ``worker``: twice the ``wait_flops`` ahead of it (its own

@@ -7,7 +7,7 @@
   capacity appears. A request waiting for its saturated best-matching worker does not block the
   requests behind it (no head-of-line blocking).
 - **Prefix wait**: a request whose best match ends in blocks only promised by a request still running
-  there waits for them to be stored (``RouterConfig.prefix_wait_s``).
+  there waits for them to be stored (``RouterConfig.prefix_wait_s``; the rule is ``prefix_hold``'s).
 - **Placement** has two paths that choose the same worker: with one Θ and one FLOPs model for all
   workers (``LoadOrder.uniform``) the ``FastPath`` scores the workers holding a prefix of the request plus
   the least-loaded admissible rest, found in a view sorted by in-flight FLOPs; otherwise (and for debug
@@ -31,29 +31,22 @@ from typing import Protocol
 
 from sgl_moe.router import worker as worker_module
 from sgl_moe.router.block_index import BlockIndex
-from sgl_moe.router.candidates import Candidate, job_cost, score_all
+from sgl_moe.router.candidates import Candidate, score_all
 from sgl_moe.router.config import RouterConfig
 from sgl_moe.router.fast_path import FastPath
 from sgl_moe.router.job import Job, Placement
 from sgl_moe.router.load_order import LoadOrder
 from sgl_moe.router.pending import PendingLedger
 from sgl_moe.router.policy import DEFERRED, SPILL, PlacementPolicy
-from sgl_moe.router.worker import PINNED_THETA_SOURCE, Worker
+from sgl_moe.router.prefix_hold import PrefixHold
+from sgl_moe.router.prefix_hold import theta_is_measured as theta_is_measured  # re-exported (simulator)
+from sgl_moe.router.worker import Worker
 from sgl_moe.router.worker_pool import WorkerPool
 
 log = logging.getLogger("sgl_moe.router.decisions")
 
 PUMP_SCAN_LIMIT = 256
 """Queued requests re-scored per pump; those behind wait for the next one."""
-
-
-MEASURED_THETA_STATES = frozenset({"calibrated", "manual"})
-"""Saturation states whose Θ marks where throughput stops growing (profiled, or set by the operator)."""
-
-
-def theta_is_measured(w: Worker) -> bool:
-    """Whether ``w``'s Θ is a measurement (or pinned by the router's --saturation-flops), not a placeholder."""
-    return w.theta_source == PINNED_THETA_SOURCE or w.info.saturation.state in MEASURED_THETA_STATES
 
 
 class QueueFull(Exception):
@@ -121,6 +114,7 @@ class Scheduler:
         ``queued_cost_before``); None outside pumps."""
         self.policy = PlacementPolicy(cfg, clock, self.stats, self.queued_cost_before)
         self.fast_path = FastPath(cfg, index, self.policy)
+        self.holds = PrefixHold(self)
         self.last_deferred = False
         """Whether the last ``try_place`` that queued its job did so because its spill was deferred."""
         self._view: LoadOrder | None = None
@@ -312,89 +306,9 @@ class Scheduler:
         return ahead
 
     def _hold_for_prefix(self, job: Job, c: Candidate) -> Candidate | None:
-        """None if ``job`` should wait for blocks ``c`` only has promised; else the candidate to reserve.
-
-        SGLang computes a shared prefix once per request when several requests holding it arrive
-        together (its radix cache learns the prefix only after a prefill). A request whose matched
-        prefix is still being computed for another request on the same worker can wait for the
-        BlockStored events (each re-scores the queue) and then reuse the blocks, as seed 000 §7.2's
-        in-batch siblings do. Bounded by ``prefix_wait_s``; a failed promise ends the wait at once.
-
-        The wait is taken only when it pays: a worker below Θ even after computing the promised blocks
-        again (the duplicate) runs it in the same batch at no cost in throughput (Θ is where throughput
-        stops growing with more work), so the request goes now, its reservation the duplicate's full cost;
-        only when the duplicate would push the worker past Θ does the request wait for the blocks. That
-        room is known only for a measured (or pinned) Θ: under the placeholder Θ of a worker that did not
-        profile (one 4,096-token step, far above a CPU worker's knee) the request always waits.
-        """
-        cfg = self.cfg
-        if cfg.policy != "longest_block_match" or cfg.prefix_wait_s <= 0 or not job.keys or not c.matched_blocks:
-            return c
-        committed = self.index.committed_prefix(c.slot, job.keys[0][:c.matched_blocks])
-        promised_tokens = (c.matched_blocks - committed) * c.worker.page_size
-        if promised_tokens < max(cfg.prefix_wait_min_tokens, 1):
-            return c
-        w = c.worker
-        if len(job.prompt_lens) == 1 and theta_is_measured(w):
-            n = job.prompt_lens[0]
-            dup_cached = min(committed * w.page_size, ((n - 1) // w.page_size) * w.page_size)
-            dup_cost = job_cost(w, job, [dup_cached])
-            if w.inflight_flops + dup_cost <= w.theta:
-                if log.isEnabledFor(logging.DEBUG):
-                    log.debug("no hold for %s on %s: %d promised tokens recomputed in the same batch; in-flight "
-                              "%.3g + %.3g <= Θ %.3g", job.rid, w.id, promised_tokens, w.inflight_flops, dup_cost,
-                              w.theta)
-                return Candidate(w, c.slot, c.dp_rank, c.matched_blocks, (dup_cached,), dup_cost)
-        spill = self._spill_instead_of_hold(job, c)
-        if spill is not None:
-            return spill
-        waited = self.clock() - job.arrived
-        if waited >= cfg.prefix_wait_s:
-            return c
-        if not job.held:
-            job.held = True
-            self.stats.prefix_waits += 1
-            try:  # re-score when the wait runs out even if nothing else happens meanwhile
-                asyncio.get_running_loop().call_later(cfg.prefix_wait_s - waited + 1e-3, self.pump)
-            except RuntimeError:  # no event loop (simulator, unit tests drive pump themselves)
-                pass
-        job.waiting_for, job.waiting_cost = c.worker.id, c.cost
-        if log.isEnabledFor(logging.DEBUG):
-            log.debug("hold %s for %s: %d of %d matched blocks are still being computed there and computing them "
-                      "again would pass Θ (in-flight %.3g of %.3g)", job.rid, c.worker.id,
-                      c.matched_blocks - committed, c.matched_blocks, w.inflight_flops, w.theta)
-        return None
-
-    def _spill_instead_of_hold(self, job: Job, c: Candidate) -> Candidate | None:
-        """Where a job about to be held for ``c``'s promised blocks goes instead, if anywhere: the worker with room
-        (another than ``c``'s) where recomputing the prompt finishes first, when that beats waiting behind the
-        holder's work by more than the recomputation (``PlacementPolicy``'s spill rule, applied to a hold). A hold
-        that ignored idle workers kept a hot prefix's followers waiting on one saturated worker while the others
-        idled (offline bulk, Zipf prefixes that fit the pools: 0.36x cache_aware, 0.49x round robin). In the
-        pump's first pass the spill is deferred (``last_deferred``): room goes first to jobs that recompute
-        nothing."""
-        if not self.cfg.hold_spills or len(job.prompt_lens) != 1:
-            return None
-        holder = c.worker
-        best: tuple[float, Worker, float] | None = None
-        for w in self.pool.routable(job.exclude):
-            if w is holder or not w.admissible:
-                continue
-            cost = job_cost(w, job, [0])
-            if best is None or w.inflight_flops + cost < best[0]:
-                best = (w.inflight_flops + cost, w, cost)
-        if best is None:
-            return None
-        spill_finish, w, cost = best
-        extra = max(0.0, cost - c.cost)
-        wait_finish = holder.inflight_flops + self.queued_cost_before(job, holder) + c.cost
-        if spill_finish + extra >= wait_finish:
-            return None
-        if self.policy.defer_spills:
-            self.last_deferred = True
-            return None
-        rank, slot = min(w.slots.items())
-        return Candidate(w, slot, rank, 0, (0,), cost)
+        """None if ``job`` should wait for blocks ``c`` only has promised; else the candidate to reserve
+        (``prefix_hold.PrefixHold.check``)."""
+        return self.holds.check(job, c)
 
     def _reserve(self, job: Job, c: Candidate, reason: str, t0: float) -> Placement | None:
         held = self._hold_for_prefix(job, c)
@@ -420,6 +334,8 @@ class Scheduler:
         keys = job.keys[0][c.matched_blocks:] if len(job.keys) == 1 else list(
             dict.fromkeys(k for ks in job.keys for k in ks))
         promise = self.ledger.promise(job.rid, c.slot, keys) if keys else None
+        if self.policy.homes is not None and len(job.keys) == 1 and job.keys[0]:
+            self.policy.homes.record(job.keys[0], w.id)
         decision = self._note_decision(t0)
         queued = self.clock() - job.arrived
         self.stats.dispatched += 1

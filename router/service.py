@@ -357,6 +357,10 @@ class Router:
             c = placement.worker.counters
             c.predicted_cached_tokens += placement.predicted_cached_tokens
             c.reported_cached_tokens += reported
+            if reported != placement.predicted_cached_tokens and log.isEnabledFor(logging.DEBUG):
+                log.debug("request %s on %s: predicted %d cached tokens, the worker reported %d (%s)",
+                          placement.job.rid, placement.worker.id, placement.predicted_cached_tokens, reported,
+                          placement.reason.split(";")[0])
 
     # -- other endpoints ---------------------------------------------------------------------
     async def models(self, request: web.Request) -> web.Response:

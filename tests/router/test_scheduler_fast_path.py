@@ -58,7 +58,7 @@ class Clock:
         return self.t
 
 
-def build(n, policy, uniform, dp, clock):
+def build(n, policy, uniform, dp, clock, homes=False):
     index = BlockIndex()
     ledger = PendingLedger(index, ttl_s=5)
     rng = random.Random(n)
@@ -68,14 +68,15 @@ def build(n, policy, uniform, dp, clock):
         slots = {r: index.add_target() for r in range(dp if i % 2 else 1)}
         workers.append(Worker(id=f"w{i:02d}", url="", info=INFO, flops=FLOPS, theta=theta,
                               theta_source="test", slots=slots))
-    sched = Scheduler(RouterConfig(policy=policy, max_affinity_wait_s=2.0), Pool(workers), index, ledger,
-                      clock=clock)
+    sched = Scheduler(RouterConfig(policy=policy, max_affinity_wait_s=2.0, prefix_homes=homes), Pool(workers),
+                      index, ledger, clock=clock)
     return sched, index, ledger
 
 
-def run_history(sched, index, ledger, clock, seed, steps=2500, no_affinity=0.0):
+def run_history(sched, index, ledger, clock, seed, steps=2500, no_affinity=0.0, evict_everywhere=False):
     """Drive one scheduler through a seeded history; every placement as a comparable tuple. A share
-    ``no_affinity`` of the requests carries no block keys (placed by load alone)."""
+    ``no_affinity`` of the requests carries no block keys (placed by load alone); ``evict_everywhere``: an
+    eviction removes a whole prefix from every worker (bounded pools), else part of it from one."""
     rng = random.Random(seed)
     prefixes = [[rng.getrandbits(62) for _ in range(rng.randint(1, 40))] for _ in range(12)]
     live, out = [], []
@@ -115,7 +116,12 @@ def run_history(sched, index, ledger, clock, seed, steps=2500, no_affinity=0.0):
         elif op < 0.9:
             w = rng.choice(list(pool.workers.values()))
             pre = rng.choice(prefixes)
-            index.remove(rng.choice(list(w.slots.values())), pre[rng.randrange(len(pre)):])
+            if evict_everywhere:
+                for x in pool.workers.values():
+                    for slot in x.slots.values():
+                        index.remove(slot, pre)
+            else:
+                index.remove(rng.choice(list(w.slots.values())), pre[rng.randrange(len(pre)):])
         elif op < 0.92:
             w = rng.choice(list(pool.workers.values()))
             w.state = "unhealthy" if w.state == "healthy" else "healthy"
@@ -160,6 +166,23 @@ def test_fast_path_places_exactly_like_scoring_every_worker(policy, uniform, dp,
         assert any(r.startswith("longest prefix match") for r in reasons)
         if uniform:
             assert any(c > 0 for c in checked), "no queued job ever waited behind another for the same worker"
+
+
+@pytest.mark.parametrize("uniform,dp", [(True, 1), (True, 2), (False, 1)])
+def test_prefix_homes_place_exactly_alike_on_both_paths(uniform, dp):
+    """With ``prefix_homes`` a job matching nothing goes to (or, in a pump's first pass, is deferred for) its
+    prefix's home, on both paths alike."""
+    results = []
+    for scan_all in (False, True):
+        clock = Clock()
+        sched, index, ledger = build(9, "longest_block_match", uniform, dp, clock, homes=True)
+        sched.scan_all = scan_all
+        results.append(run_history(sched, index, ledger, clock, seed=7 + dp + 3 * uniform, evict_everywhere=True))
+    fast, reference = results
+    assert len(fast) > 300
+    assert fast == reference
+    homed = [r for *_, r in fast if r.startswith("no prefix match anywhere; its prefix last went to")]
+    assert len(homed) >= 3, len(homed)
 
 
 @pytest.mark.parametrize("policy", ["longest_block_match", "least_flops", "round_robin"])
