@@ -49,7 +49,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--repeats", type=int, default=1,
                    help="runs of every scenario, routers in rotated order; the median is judged (default 1)")
-    p.add_argument("--router-args", default="", help="extra flags for sgl_moe's router, one string")
+    p.add_argument("--router-args", default="",
+                   help="extra flags for sgl_moe's router, one string given with '=' (--router-args='--prefix-homes')")
     p.add_argument("--out", type=Path, default=Path("policy_matrix.json"))
     p.add_argument("--log-dir", type=Path, default=None)
     args = p.parse_args(argv)
