@@ -68,16 +68,25 @@ def scheduler(homes: bool, theta: float = 3e7):
     return sched, index, ledger, workers
 
 
+KEYS = list(range(100, 116))
+
+
+def run_and_store(sched, index, ledger, keys=KEYS):
+    """Place and finish a request holding ``keys``; its worker stores them. Returns its placement."""
+    placed = sched.try_place(Job(rid="a", prompt_lens=[16 * PAGE + 3], keys=[keys]))
+    sched.release(placed, ok=True)
+    index.store(placed.slot, keys)
+    ledger.on_stored(placed.slot)
+    return placed
+
+
 @pytest.mark.parametrize("scan_all", [False, True])
 def test_a_prefix_evicted_everywhere_goes_back_to_its_home(scan_all):
     sched, index, ledger, workers = scheduler(homes=True)
     sched.scan_all = scan_all
-    keys = list(range(100, 116))
-    first = sched.try_place(Job(rid="a", prompt_lens=[16 * PAGE + 3], keys=[keys]))
+    keys = KEYS
+    first = run_and_store(sched, index, ledger)
     home = first.worker
-    sched.release(first, ok=True)
-    index.store(first.slot, keys)
-    ledger.on_stored(first.slot)
     for _ in range(4):  # other prefixes: the in-turn order moves on from the home
         p = sched.try_place(Job(rid="x", prompt_lens=[20], keys=[[object().__hash__()]]))
         sched.release(p, ok=True)
@@ -90,11 +99,8 @@ def test_a_prefix_evicted_everywhere_goes_back_to_its_home(scan_all):
 
 def test_without_homes_an_evicted_prefix_goes_by_load():
     sched, index, ledger, workers = scheduler(homes=False)
-    keys = list(range(100, 116))
-    first = sched.try_place(Job(rid="a", prompt_lens=[16 * PAGE + 3], keys=[keys]))
-    sched.release(first, ok=True)
-    index.store(first.slot, keys)
-    ledger.on_stored(first.slot)
+    keys = KEYS
+    first = run_and_store(sched, index, ledger)
     index.remove(first.slot, keys)
     again = sched.try_place(Job(rid="b", prompt_lens=[16 * PAGE + 3], keys=[keys]))
     assert again.worker is not first.worker  # ties taken in turn: the next worker
@@ -104,12 +110,9 @@ def test_without_homes_an_evicted_prefix_goes_by_load():
 def test_a_saturated_home_defers_in_the_first_pass_and_room_goes_to_its_own_jobs():
     sched, index, ledger, workers = scheduler(homes=True)
     sched.scan_all = True  # the load is set by hand below (the fast path's view follows reservations only)
-    keys_a = list(range(100, 116))
-    a = sched.try_place(Job(rid="a", prompt_lens=[16 * PAGE + 3], keys=[keys_a]))
+    keys_a = KEYS
+    a = run_and_store(sched, index, ledger)
     home = a.worker
-    sched.release(a, ok=True)
-    index.store(a.slot, keys_a)
-    ledger.on_stored(a.slot)
     index.remove(a.slot, keys_a)
     home.inflight_flops = home.theta  # the home is saturated
     job = Job(rid="b", prompt_lens=[16 * PAGE + 3], keys=[keys_a])
