@@ -48,19 +48,27 @@ class BlockIndex:
         del self._committed[slot], self._pending[slot]
 
     # -- committed table (KV events) ----------------------------------------------------------
-    def store(self, slot: int, hashes: Iterable[int]) -> None:
-        committed, bit, index = self._committed[slot], 1 << slot, self._index
-        for h in hashes:
-            committed.add(h)
-            index[h] = index.get(h, 0) | bit
-
-    def remove(self, slot: int, hashes: Iterable[int]) -> None:
+    def store(self, slot: int, hashes: Iterable[int]) -> list[int]:
+        """Commit ``hashes``; returns those the committed table gained (not already there)."""
         committed, pending = self._committed[slot], self._pending[slot]
-        for h in hashes:
-            if h in committed:
-                committed.discard(h)
-                if h not in pending:
-                    self._drop_bit(slot, h)
+        gained = [h for h in hashes if h not in committed]
+        committed.update(gained)
+        bit, index = 1 << slot, self._index
+        get = index.get
+        for h in gained:
+            if h not in pending:  # (a pending block already has the target's bit)
+                index[h] = get(h, 0) | bit
+        return gained
+
+    def remove(self, slot: int, hashes: Iterable[int]) -> list[int]:
+        """Uncommit ``hashes``; returns those the committed table lost (it held them)."""
+        committed, pending = self._committed[slot], self._pending[slot]
+        lost = [h for h in hashes if h in committed]
+        committed.difference_update(lost)
+        for h in lost:
+            if h not in pending:
+                self._drop_bit(slot, h)
+        return lost
 
     def clear_committed(self, slot: int) -> int:
         """Empty the committed table; returns how many blocks it held."""
@@ -80,26 +88,38 @@ class BlockIndex:
         return self._committed[slot].issuperset(hashes)
 
     # -- pending table (routed requests) -----------------------------------------------------
-    def promise(self, slot: int, hashes: Iterable[int]) -> None:
+    def promise(self, slot: int, hashes: Iterable[int]) -> list[int]:
+        """One more promise of each hash; returns those the pending table gained (first promise there)."""
         pending, bit, index = self._pending[slot], 1 << slot, self._index
+        get, get_index = pending.get, index.get
+        gained = []
         for h in hashes:
-            pending[h] = pending.get(h, 0) + 1
-            index[h] = index.get(h, 0) | bit
+            n = get(h, 0)
+            pending[h] = n + 1
+            if not n:
+                index[h] = get_index(h, 0) | bit
+                gained.append(h)
+        return gained
 
-    def retire(self, slot: int, hashes: Iterable[int]) -> None:
-        """Drop one promise of each hash (the request that made it finished or failed)."""
+    def retire(self, slot: int, hashes: Iterable[int]) -> list[int] | None:
+        """Drop one promise of each hash (the request that made it finished or failed); returns the hashes the
+        target no longer holds in either table (their last promise, not committed), None if the target is gone."""
         pending = self._pending.get(slot)
         if pending is None:  # target removed meanwhile
-            return
+            return None
         committed = self._committed[slot]
+        get = pending.get
+        dropped = []
         for h in hashes:
-            n = pending.get(h, 0)
+            n = get(h, 0)
             if n > 1:
                 pending[h] = n - 1
             elif n == 1:
                 del pending[h]
                 if h not in committed:
                     self._drop_bit(slot, h)
+                    dropped.append(h)
+        return dropped
 
     # -- queries -----------------------------------------------------------------------------
     def match(self, hashes: Sequence[int], slots_mask: int) -> dict[int, int]:

@@ -10,7 +10,7 @@ from sgl_moe.router.pending import Promise
 from sgl_moe.router.worker import Worker
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class Job:
     """One unit of placement: a request (all its prompts go to one worker)."""
 
@@ -44,7 +44,7 @@ class Job:
         return bool(self.keys)
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class Placement:
     """A job given to a worker, with its reservation (``cost`` in-flight FLOPs) made until ``release``."""
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from sgl_moe.router.block_index import BlockIndex
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class Promise:
     rid: str
     slot: int
@@ -45,11 +45,16 @@ class PendingLedger:
 
     def complete(self, p: Promise, now: float | None = None) -> None:
         p.completed_at = time.monotonic() if now is None else now
-        if self._all_stored(p):
-            self._retire(p)
+        index = self.index
+        if index.all_committed(p.slot, p.keys):
+            index.retire(p.slot, p.keys)
             self.stats.retired_stored += 1
         else:
-            self._awaiting_store.setdefault(p.slot, []).append(p)
+            waiting = self._awaiting_store.get(p.slot)
+            if waiting is None:
+                self._awaiting_store[p.slot] = [p]
+            else:
+                waiting.append(p)
 
     def fail(self, p: Promise) -> None:
         self._retire(p)
@@ -61,12 +66,13 @@ class PendingLedger:
         if not waiting:
             return
         keep = []
+        all_committed, retire = self.index.all_committed, self.index.retire
         for p in waiting:
-            if self._all_stored(p):
-                self._retire(p)
-                self.stats.retired_stored += 1
+            if all_committed(slot, p.keys):
+                retire(slot, p.keys)
             else:
                 keep.append(p)
+        self.stats.retired_stored += len(waiting) - len(keep)
         self._awaiting_store[slot] = keep
 
     def expire(self, now: float | None = None) -> int:
@@ -88,9 +94,6 @@ class PendingLedger:
     def forget_slot(self, slot: int) -> None:
         """The target is gone (its tables are purged by the index)."""
         self._awaiting_store.pop(slot, None)
-
-    def _all_stored(self, p: Promise) -> bool:
-        return self.index.all_committed(p.slot, p.keys)
 
     def _retire(self, p: Promise) -> None:
         self.index.retire(p.slot, p.keys)

@@ -106,24 +106,13 @@ class QueueLog(deque):
         self.number.pop(job, None)
 
     def drop(self, job: Job) -> None:
-        """Remove queued ``job`` and forget its number: found by bisection, the queue being in number order."""
-        number = self.number
-        if self and self[0] is job:  # the head (often: a pass places in queue order)
-            self.popleft()
-            del number[job]
-            return
-        n = number[job]
-        lo, hi = 1, len(self)
-        while lo < hi:
-            mid = (lo + hi) // 2
-            if number[self[mid]] < n:
-                lo = mid + 1
-            else:
-                hi = mid
-        if lo == len(self) or self[lo] is not job:
-            raise RuntimeError(f"job {job.rid} is not queued")
-        del self[lo]
-        del number[job]
+        """Remove queued ``job`` and forget its number (a placed job is in the scan window, near the head:
+        ``deque.remove`` finds it by identity, jobs comparing by identity)."""
+        try:
+            self.remove(job)
+        except ValueError:
+            raise RuntimeError(f"job {job.rid} is not queued") from None
+        del self.number[job]
 
 
 _number = itemgetter(0)

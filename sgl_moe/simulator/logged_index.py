@@ -1,23 +1,19 @@
 """The router's ``BlockIndex`` with each mutation reported, for the simulator's memo (``memo``).
 
-Every mutation breaks the certificates of queued jobs that watch a mutated block (``watch``) and calls
-``on_touch`` with the slot. ``match_groups`` is remembered
-per hash list until a table gains or loses one of the blocks its answer read (the leading blocks up to
-the first that no target held any more, or all of them).
+Every mutation that makes a table gain or lose blocks (``BlockIndex`` returns which) breaks the certificates of
+queued jobs that watch one of them (``watch``) and calls ``on_touch`` with the slot; a promise counted again or
+retired while others remain changes no table and is not reported. ``match_groups`` is remembered per hash list
+until a mutation may move it (``match_memo``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Sequence
 
 from sgl_moe.router.block_index import BlockIndex
 from sgl_moe.router.job import Job
 from sgl_moe.simulator.certificate import Certificate
-
-MATCH_MEMO = 16384
-"""Hash lists whose match is remembered (the memo is emptied when full)."""
-MATCH_READS = 1 << 22
-"""Remembered (block, hash list) dependencies at which the memo is emptied (stale ones pile up)."""
+from sgl_moe.simulator.match_memo import MatchMemo
 
 
 class LoggedBlockIndex(BlockIndex):
@@ -35,11 +31,7 @@ class LoggedBlockIndex(BlockIndex):
         """Slots added and not removed."""
         self._watched: dict[Job, int] = {}
         """Queued job -> how many of its leading blocks are in ``watch``."""
-        self._matches: dict[int, tuple[Sequence[int], int, list[tuple[int, int]]]] = {}
-        """id(hash list) -> (the list, the slot mask asked, the answer)."""
-        self._readers: dict[int, set[int]] = {}
-        """Block hash -> ids of the hash lists whose remembered answer read it."""
-        self._reads = 0
+        self._matches = MatchMemo()
 
     def watch_job(self, job: Job, upto: int) -> None:
         """Break the job's certificates when a table gains or loses any of its first ``upto`` blocks."""
@@ -67,90 +59,69 @@ class LoggedBlockIndex(BlockIndex):
                         del watch[h]
 
     def match_groups(self, hashes: Sequence[int], slots_mask: int) -> list[tuple[int, int]]:
-        """``BlockIndex.match_groups``, remembered per hash list until a table gains or loses a block the answer
-        read: queued jobs are matched again and again.
-
-        The scan reads blocks until no target is left: up to the longest match and the block after it."""
+        """``BlockIndex.match_groups``, remembered per hash list until a mutation may move it (``MatchMemo``):
+        queued jobs are matched again and again."""
         if not hashes:
             return []
-        key = id(hashes)
-        hit = self._matches.get(key)
-        if hit is not None and hit[0] is hashes and hit[1] == slots_mask:
-            return hit[2]
-        groups = super().match_groups(hashes, slots_mask)
-        if len(self._matches) >= MATCH_MEMO or self._reads >= MATCH_READS:
-            self._forget_matches()
-        self._matches[key] = (hashes, slots_mask, groups)
-        readers = self._readers
-        read = hashes[:groups[0][0] + 1] if groups else hashes[:1]
-        self._reads += len(read)
-        for h in read:
-            ids = readers.get(h)
-            if ids is None:
-                readers[h] = {key}
-            else:
-                ids.add(key)
+        groups = self._matches.get(hashes, slots_mask)
+        if groups is None:
+            groups = super().match_groups(hashes, slots_mask)
+            self._matches.put(hashes, slots_mask, groups)
         return groups
 
-    def _forget_matches(self) -> None:
-        self._matches.clear()
-        self._readers.clear()
-        self._reads = 0
-
-    def _touched(self, slot: int, hashes: list[int] | None = None) -> None:
-        if hashes is None:
-            self._forget_matches()
-        elif self._readers:
-            pop, matches = self._readers.pop, self._matches
-            for h in hashes:
-                ids = pop(h, None)
-                if ids:
-                    for key in ids:
-                        matches.pop(key, None)
+    def _touched(self, slot: int, hashes: Collection[int] | None = None) -> None:
+        """Break the certificates watching ``hashes``, gained or lost on ``slot`` (None: unlisted), and tell
+        ``on_touch``."""
         watch = self.watch
         if hashes and watch:
-            get, certificate = watch.get, self.certificates.get
-            for h in hashes:
-                jobs = get(h)
-                if jobs:
-                    for job in jobs:
-                        c = certificate(job)
-                        if c is not None:
-                            c.dirty()
+            certificate = self.certificates.get
+            for h in watch.keys() & hashes:
+                for job in watch[h]:
+                    c = certificate(job)
+                    if c is not None:
+                        c.dirty()
         self.on_touch(slot)
 
     def add_target(self) -> int:
         slot = super().add_target()
         self._live.add(slot)
+        self._matches.clear()
         self._touched(slot)
         return slot
 
-    def store(self, slot: int, hashes: Iterable[int]) -> None:
-        hashes = list(hashes)
-        super().store(slot, hashes)
-        self._touched(slot, hashes)
+    # Each mutation reports the blocks a table gained or lost; a promise counted again, or retired while others
+    # remain or while the block is committed, moves nothing.
+    def store(self, slot: int, hashes: Iterable[int]) -> list[int]:
+        gained = super().store(slot, hashes)
+        if gained:
+            self._matches.gained(gained)
+            self._touched(slot, gained)
+        return gained
 
-    def promise(self, slot: int, hashes: Iterable[int]) -> None:
-        hashes = list(hashes)
-        super().promise(slot, hashes)
-        self._touched(slot, hashes)
+    def promise(self, slot: int, hashes: Iterable[int]) -> list[int]:
+        gained = super().promise(slot, hashes)
+        if gained:
+            self._matches.gained(gained)
+            self._touched(slot, gained)
+        return gained
 
-    def remove(self, slot: int, hashes: Iterable[int]) -> None:
-        hashes = list(hashes)
-        super().remove(slot, hashes)
-        self._touched(slot, hashes)
+    def remove(self, slot: int, hashes: Iterable[int]) -> list[int]:
+        lost = super().remove(slot, hashes)
+        if lost:
+            self._matches.lost(slot)
+            self._touched(slot, lost)
+        return lost
 
-    def retire(self, slot: int, hashes: Iterable[int]) -> None:
-        hashes = list(hashes)
-        # A retire drops promises alone: where every block is committed on the slot (the ledger retires a
-        # promise once its blocks are stored) no match and no committed prefix moves, so nothing is reported.
-        quiet = slot in self._live and self.all_committed(slot, hashes)
-        super().retire(slot, hashes)
-        if not quiet:
-            self._touched(slot, hashes)
+    def retire(self, slot: int, hashes: Iterable[int]) -> list[int] | None:
+        dropped = super().retire(slot, hashes)  # (None: the target is gone, and its removal was reported)
+        if dropped:
+            self._matches.lost(slot)
+            self._touched(slot, dropped)
+        return dropped
 
     def clear_committed(self, slot: int) -> int:
         n = super().clear_committed(slot)
+        self._matches.clear()
         self._touched(slot)
         self._dirty_all()
         return n
@@ -158,6 +129,7 @@ class LoggedBlockIndex(BlockIndex):
     def remove_target(self, slot: int) -> None:
         self._live.discard(slot)
         super().remove_target(slot)
+        self._matches.clear()
         self._touched(slot)
         self._dirty_all()
 

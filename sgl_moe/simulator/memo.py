@@ -52,6 +52,8 @@ class MemoScheduler(Scheduler):
         self.skipped = 0
         self.scored = 0
         self.quiet_pumps = 0
+        self.full_pumps = 0
+        """Pumps with jobs to score while no worker had room."""
         self.held_again = 0
         """Visits of a held job whose worker had been saturated, skipped because it has room again."""
         self.spill_passed = 0
@@ -138,6 +140,9 @@ class MemoScheduler(Scheduler):
         if not dirty and not self._deferred:
             self.quiet_pumps += 1
             return  # every job it would scan would be scored "still waiting"
+        if not self.any_admissible():
+            self.full_pumps += 1
+            return  # ``Scheduler.pump`` stops at its first job (the jobs to score stay so)
         # ``Scheduler.pump``'s two passes: the first with spills deferred; the second, when the first deferred
         # a spill and some worker still has room, lets deferred jobs spill into it.
         policy = self.policy

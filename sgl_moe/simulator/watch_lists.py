@@ -94,7 +94,7 @@ class WatchLists:
                 for cert, others in watching:
                     if not cert.clean:
                         continue
-                    if any(o.inflight_flops <= load for o in others):
+                    if others and any(o.inflight_flops <= load for o in others):
                         cert.dirty()  # another worker matching as deep may now be the best
                     elif full:
                         if cert.needs_room is w:

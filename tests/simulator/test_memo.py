@@ -108,6 +108,56 @@ def test_remembered_matches_follow_every_mutation():
             assert logged.match_groups(keys, mask) == plain.match_groups(keys, mask)
 
 
+class _Scanning(BlockIndex):
+    """Counts the scans ``match_groups`` makes (under ``LoggedBlockIndex``: those its memo did not answer)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.scans = 0
+
+    def match_groups(self, hashes, slots_mask):
+        self.scans += 1
+        return super().match_groups(hashes, slots_mask)
+
+
+class _CountedLogged(LoggedBlockIndex, _Scanning):
+    pass
+
+
+def test_remembered_matches_follow_mutations_of_shared_prefixes():
+    """Prefix chains as the router sees them (lists sharing leading blocks, targets holding runs of them), the
+    same lists asked again after each mutation: answers kept across gains past their frontier and losses on
+    other slots, dropped on a frontier gain or a loss in a group's run."""
+    rng = random.Random(5)
+    logged, plain = _CountedLogged(), BlockIndex()
+    slots = 12
+    for _ in range(slots):
+        assert logged.add_target() == plain.add_target()
+    roots = [[rng.getrandbits(40) for _ in range(30)] for _ in range(16)]
+    lists = [root[:rng.randrange(1, 31)] + [rng.getrandbits(40) for _ in range(rng.randrange(0, 5))]
+             for root in roots for _ in range(2)]
+    mask = (1 << slots) - 1 - 5  # one mask, as the scheduler's view asks (a list is remembered for one)
+    kept = 0
+    for step in range(6000):
+        op, slot = rng.randrange(4), rng.randrange(slots)
+        keys = rng.choice(lists)
+        lo = 0 if op in (0, 2) and rng.random() < 0.7 else rng.randrange(len(keys))
+        hashes = keys[lo:rng.randrange(lo, len(keys)) + 1] if op in (0, 2) else [keys[lo]]
+        if op == 0:
+            assert logged.store(slot, hashes) == plain.store(slot, hashes)
+        elif op == 1:
+            assert logged.remove(slot, hashes) == plain.remove(slot, hashes)
+        elif op == 2:
+            assert logged.promise(slot, hashes) == plain.promise(slot, hashes)
+        else:
+            assert logged.retire(slot, hashes) == plain.retire(slot, hashes)
+        for keys in lists[step // 50 % 8 * 4:][:4]:
+            before = logged.scans
+            assert logged.match_groups(keys, mask) == plain.match_groups(keys, mask)
+            kept += logged.scans == before
+    assert kept > 10000  # most answers were remembered (the scan was not run again)
+
+
 def test_waiters_sum_the_cost_ahead_in_queue_order():
     rng = random.Random(2)
     queue = QueueLog(lambda job, in_window: None)
