@@ -27,6 +27,7 @@ import zmq
 import zmq.asyncio
 
 from sgl_moe.kv_event_keys import ClientKeys
+from sgl_moe.router.curve_client import HANDSHAKE_FAILURES, secure, watch_handshakes
 from sgl_moe.router.kv_events import EventBatch, KVEventDecodeError, decode_frames
 
 logger = logging.getLogger("sgl_moe.router.events")
@@ -35,8 +36,6 @@ _END_SEQ = (-1).to_bytes(8, "big", signed=True)
 _DECODE_WARNING_INTERVAL_S = 10.0
 _CHUNK = 256
 """Messages read, or batches delivered, between two yields to the event loop."""
-_HANDSHAKE_FAILURES = (zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL | zmq.EVENT_HANDSHAKE_FAILED_AUTH
-                       | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL)
 
 
 @dataclass(frozen=True)
@@ -135,12 +134,13 @@ class EventListener:
         assert task is not None
         ctx = self._ctx if self._ctx is not None else zmq.asyncio.Context()
         sub = ctx.socket(zmq.SUB)
-        monitor = sub.get_monitor_socket(_HANDSHAKE_FAILURES)
-        watch = asyncio.create_task(self._watch_handshakes(monitor))
+        monitor = sub.get_monitor_socket(HANDSHAKE_FAILURES)
+        watch = asyncio.create_task(watch_handshakes(monitor, self._curve, self.stats, self._who,
+                                                     self.source.endpoint))
         try:
             sub.setsockopt(zmq.LINGER, 0)
             sub.setsockopt_string(zmq.SUBSCRIBE, self.source.topic)
-            self._secure(sub)
+            secure(sub, self._curve)
             sub.connect(self.source.endpoint)
             self.stats.connected_at = time.time()
             logger.info("%s: subscribed to %s (replay endpoint: %s%s)", self._who, self.source.endpoint,
@@ -168,39 +168,6 @@ class EventListener:
             if self._ctx is None:
                 ctx.destroy(linger=0)
             self._task = None
-
-    async def _watch_handshakes(self, monitor: zmq.asyncio.Socket) -> None:
-        """Count failed handshakes with the publisher and say once, per kind, what to fix: without this a
-        router and a worker that disagree on keys just exchange nothing."""
-        from zmq.utils.monitor import parse_monitor_message
-
-        warned: set[int] = set()
-        while True:
-            event = parse_monitor_message(await monitor.recv_multipart())["event"]
-            self.stats.handshake_failures += 1
-            if event in warned:
-                continue
-            warned.add(event)
-            if event == zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL and self._curve is None:
-                hint = ("the publisher requires CURVE keys (worker started with --moe-kv-events-keys): start the "
-                        "router with --kv-events-keys DIR/router")
-            elif event == zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL:
-                hint = ("the publisher does not use CURVE (worker started without --moe-kv-events-keys), but the "
-                        "router has --kv-events-keys")
-            elif event == zmq.EVENT_HANDSHAKE_FAILED_AUTH:
-                hint = ("the worker refused the router's public key: put the router's router.key in the worker's "
-                        "--moe-kv-events-keys folder")
-            else:
-                hint = ("the worker's CURVE public key is not the worker.key in --kv-events-keys (keys of another "
-                        "deployment?)" if self._curve is not None else "handshake failed")
-            logger.warning("%s: cannot read KV events from %s: %s", self._who, self.source.endpoint, hint)
-
-    def _secure(self, sock: zmq.Socket) -> None:
-        """Make ``sock`` a CURVE client with the router's keys (before it connects), if the router has keys."""
-        if self._curve is not None:
-            sock.setsockopt(zmq.CURVE_SERVERKEY, self._curve.server)
-            sock.setsockopt(zmq.CURVE_PUBLICKEY, self._curve.public)
-            sock.setsockopt(zmq.CURVE_SECRETKEY, self._curve.secret)
 
     def stop(self) -> None:
         """Make ``run()`` return promptly; it closes its sockets on the way out. Callable from any thread."""
@@ -315,7 +282,7 @@ class EventListener:
         try:
             dealer.setsockopt(zmq.LINGER, 0)
             dealer.setsockopt(zmq.RCVHWM, 0)  # drop nothing on our side of the pipe
-            self._secure(dealer)
+            secure(dealer, self._curve)
             dealer.connect(endpoint)
             await dealer.send_multipart([b"", start.to_bytes(8, "big")], flags=zmq.NOBLOCK)
             due = start

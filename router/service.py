@@ -1,7 +1,8 @@
 """The router's HTTP service: proxying with placement, retries, worker admin, health and metrics.
 
 Responses from workers reach the client byte for byte (status, body, content type); the router
-adds only ``x-sgl-moe-*`` headers saying where the request went and what it predicted.
+adds only ``x-sgl-moe-*`` headers saying where the request went and what it predicted. ``forwarding`` owns
+sending a placed request to its worker and relaying the answer (``RequestForwarding``, mixed into ``Router``).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from sgl_moe.router.block_index import BlockIndex
 from sgl_moe.router.classify_route import classify
 from sgl_moe.router.config import SECRET_FIELDS, RouterConfig
 from sgl_moe.router.errors import RequestError, WorkerFailure, error_response, json_errors, request_error_response
+from sgl_moe.router.forwarding import RequestForwarding
 from sgl_moe.router.intake import PARSE_INLINE_BYTES, Attempt, read_body, single_prompt, worker_auth_headers
 from sgl_moe.router.job import Job, Placement
 from sgl_moe.router.metrics import RouterMetrics
@@ -33,8 +35,7 @@ from sgl_moe.router.pending import PendingLedger
 from sgl_moe.router.request_parsing import parse_request
 from sgl_moe.router.scheduler import NoWorkers, QueueFull, QueueTimeout, Scheduler
 from sgl_moe.router.suspects import Suspect, SuspectList
-from sgl_moe.router.upstream import abort_on_worker, failure, upstream
-from sgl_moe.router.worker import NotAWorker, Worker, WorkerError
+from sgl_moe.router.worker import NotAWorker, WorkerError
 from sgl_moe.router.worker_pool import WorkerPool
 
 log = logging.getLogger("sgl_moe.router")
@@ -49,8 +50,9 @@ the request on the worker when the client goes away."""
 RESPONSE_HEADERS = ("content-type",)
 
 
-class Router:
-    """The app's state and handlers; ``run`` and ``forward`` are the hooks other routes (classify) use."""
+class Router(RequestForwarding):
+    """The app's state and handlers; ``run`` and ``forward`` (``RequestForwarding``'s) are the hooks other
+    routes (classify) use."""
 
     def __init__(self, cfg: RouterConfig) -> None:
         self.cfg = cfg
@@ -256,111 +258,6 @@ class Router:
             keys = [block_hashes(p, page, seed) for p in parsed.prompts]
         return Job(rid=rid, prompt_lens=[len(p) for p in parsed.prompts], keys=keys,
                    shared_prefix_len=parsed.shared_prefix_len, max_new_tokens=parsed.max_new_tokens)
-
-    def _headers(self, placement: Placement) -> dict[str, str]:
-        return {"x-sgl-moe-worker": placement.worker.id, "x-sgl-moe-request-id": placement.job.rid,
-                "x-sgl-moe-predicted-cached-tokens": str(placement.predicted_cached_tokens),
-                "x-sgl-moe-queue-ms": f"{placement.queued_s * 1e3:.1f}"}
-
-    async def forward(self, endpoint: str, body: bytes, headers: dict[str, str], placement: Placement,
-                      parsed: ParsedRequest, attempt: Attempt | None = None) -> web.Response:
-        """POST ``body`` to the placed worker; answer with its status and body byte for byte, plus our headers.
-
-        For use as ``run``'s ``call``: it releases ``placement`` whatever happens (the client leaving too: the
-        request is then aborted on the worker), and raises WorkerFailure (which ``run`` answers or retries)
-        when the worker gives no usable answer.
-        """
-        worker = placement.worker
-        ok = False
-        try:
-            async with upstream(self.session, worker.url + endpoint, body, headers) as resp:
-                try:
-                    payload = await resp.read()
-                except (TimeoutError, aiohttp.ClientError) as exc:
-                    raise failure(exc) from None
-                status = resp.status
-                ctype = resp.headers.get("content-type", "application/json")
-            worker.last_progress = time.monotonic()
-            if status >= 500:
-                raise WorkerFailure(f"answered {status}: {payload[:300].decode(errors='replace')}", transport=False)
-            ok = status < 400
-            if ok:
-                self._note_cached(placement, endpoint, payload)
-            return web.Response(body=payload, status=status, headers={"content-type": ctype,
-                                                                      **self._headers(placement)})
-        except asyncio.CancelledError:
-            self._abort(worker, attempt, placement.job.rid)
-            raise
-        finally:
-            self.scheduler.release(placement, ok=ok)
-
-    async def _stream(self, request: web.Request, attempt: Attempt, placement: Placement) -> web.StreamResponse:
-        worker = placement.worker
-        ok = False
-        try:
-            async with upstream(self.session, worker.url + attempt.endpoint, attempt.body, attempt.headers) as resp:
-                if resp.status >= 500:
-                    text = (await resp.read())[:300].decode(errors="replace")
-                    raise WorkerFailure(f"answered {resp.status}: {text}", transport=False)
-                out = web.StreamResponse(status=resp.status, headers={
-                    "content-type": resp.headers.get("content-type", "text/event-stream"), **self._headers(placement)})
-                await out.prepare(request)
-                try:
-                    async for chunk in resp.content.iter_any():
-                        await out.write(chunk)
-                except (TimeoutError, aiohttp.ClientError) as exc:
-                    log.warning("stream of %s from %s broke: %s", placement.job.rid, worker.id, exc)
-                    return out
-                except ConnectionResetError:  # the client went away mid-stream
-                    self._abort(worker, attempt, placement.job.rid)
-                    return out
-                await out.write_eof()
-                ok = resp.status < 400
-                return out
-        except asyncio.CancelledError:
-            self._abort(worker, attempt, placement.job.rid)
-            raise
-        finally:
-            self.scheduler.release(placement, ok=ok)
-
-    def _abort(self, worker: Worker, attempt: Attempt | None, rid: str) -> None:
-        """The client went away: abort its request on the worker (its FLOPs are released by the caller)."""
-        self.aborts += 1
-        abort_rid = attempt.abort_rid if attempt is not None else None
-        log.info("client of request %s went away: %s", rid,
-                 f"aborting {abort_rid} on worker {worker.id}" if abort_rid else
-                 f"closed the connection to worker {worker.id}, which aborts it there")
-        if abort_rid is not None:
-            task = asyncio.get_running_loop().create_task(abort_on_worker(self.session, worker.url, abort_rid))
-            self._tasks.append(task)
-            task.add_done_callback(self._tasks.remove)
-
-    def _note_cached(self, placement: Placement, endpoint: str, payload: bytes) -> None:
-        """Compare the predicted prefix hit with what the worker reports (``meta_info.cached_tokens``)."""
-        if endpoint not in ("/generate", "/v1/completions", "/v1/chat/completions"):
-            return
-        try:
-            data = orjson.loads(payload)
-        except orjson.JSONDecodeError:
-            return
-        reported = None
-        if endpoint == "/generate":
-            items = data if isinstance(data, list) else [data]
-            vals = [i.get("meta_info", {}).get("cached_tokens") for i in items if isinstance(i, dict)]
-            if vals and all(isinstance(v, int) for v in vals):
-                reported = sum(vals)
-        else:
-            details = (data.get("usage") or {}).get("prompt_tokens_details") or {}
-            if isinstance(details.get("cached_tokens"), int):
-                reported = details["cached_tokens"]
-        if reported is not None:
-            c = placement.worker.counters
-            c.predicted_cached_tokens += placement.predicted_cached_tokens
-            c.reported_cached_tokens += reported
-            if reported != placement.predicted_cached_tokens and log.isEnabledFor(logging.DEBUG):
-                log.debug("request %s on %s: predicted %d cached tokens, the worker reported %d (%s)",
-                          placement.job.rid, placement.worker.id, placement.predicted_cached_tokens, reported,
-                          placement.reason.split(";")[0])
 
     # -- other endpoints ---------------------------------------------------------------------
     async def models(self, request: web.Request) -> web.Response:
