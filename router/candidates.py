@@ -44,7 +44,11 @@ def job_cost(worker: Worker, job: Job, cached: list[int] | tuple[int, ...]) -> f
     Every prompt also costs the worker's fixed per-request work (``Worker.request_overhead_flops``).
     """
     f = worker.flops
-    total = worker.request_overhead_flops * len(job.prompt_lens)
+    lens = job.prompt_lens
+    if len(lens) == 1 and job.max_new_tokens == 1:  # one prompt, prefill only (the common case, in short)
+        c = cached[0]
+        return worker.request_overhead_flops + f.request_flops(c, lens[0] - c)
+    total = worker.request_overhead_flops * len(lens)
     shared = job.shared_prefix_len
     for i, (n, c) in enumerate(zip(job.prompt_lens, cached)):
         if i > 0 and shared:
@@ -134,7 +138,11 @@ def score_one(job: Job, w: Worker, groups: list[tuple[int, int]]) -> Candidate:
     """One single-slot worker scored for a one-prompt job, given the match as ``BlockIndex.match_groups``."""
     (rank, slot), = w.slots.items()
     bit = 1 << slot
-    blocks = next((b for b, mask in groups if mask & bit), 0)
+    blocks = 0
+    for b, mask in groups:
+        if mask & bit:
+            blocks = b
+            break
     if not blocks:
         return Candidate(w, slot, rank, 0, (0,), job_cost(w, job, [0]))
     page, n = w.page_size, job.prompt_lens[0]

@@ -45,6 +45,8 @@ from sgl_moe.router.worker_pool import WorkerPool
 
 log = logging.getLogger("sgl_moe.router.decisions")
 
+SPILL_PREFIX = SPILL + ":"
+
 PUMP_SCAN_LIMIT = 256
 """Queued requests re-scored per pump; those behind wait for the next one."""
 
@@ -250,8 +252,9 @@ class Scheduler:
         """
         t0 = time.perf_counter()
         workers = self.pool.routable(job.exclude)
+        debug = log.isEnabledFor(logging.DEBUG)
         view = None
-        if workers and not job.exclude and not self.scan_all and not log.isEnabledFor(logging.DEBUG):
+        if workers and not job.exclude and not self.scan_all and not debug:
             view = self.uniform_view(workers)
         if view is not None:
             decision = self.fast_path.decide(job, view, workers)
@@ -262,11 +265,11 @@ class Scheduler:
         candidate, reason = decision
         if candidate is None:  # the job waits for a saturated worker (or its spill waits for the second pass)
             self.last_deferred = reason.startswith(DEFERRED)
-            if log.isEnabledFor(logging.DEBUG):
+            if debug:
                 log.debug("queue %s: %s", job.rid, reason)
             self._note_decision(t0)
             return None
-        return self._reserve(job, candidate, reason, t0)
+        return self._reserve(job, candidate, reason, t0, debug)
 
     def reserved(self, placement: Placement) -> None:
         """Hook: called right after each reservation, before the placement is returned (no-op here; the
@@ -310,24 +313,28 @@ class Scheduler:
         (``prefix_hold.PrefixHold.check``)."""
         return self.holds.check(job, c)
 
-    def _reserve(self, job: Job, c: Candidate, reason: str, t0: float) -> Placement | None:
-        held = self._hold_for_prefix(job, c)
+    def _reserve(self, job: Job, c: Candidate, reason: str, t0: float, debug: bool = False) -> Placement | None:
+        held = self.holds.check(job, c)  # (``_hold_for_prefix``)
         if held is None:
             self._note_decision(t0)
             return None
-        if held.worker is not c.worker:
-            c, reason = held, (f"{SPILL}: {c.worker.id}'s matched blocks are still being computed and the duplicate "
-                               f"would pass its Θ; recomputing here finishes sooner than waiting there")
-        elif held is not c:
-            c, reason = held, reason + "; promised blocks recomputed in the same batch (room below Θ)"
+        if held is not c:
+            if held.worker is not c.worker:
+                reason = (f"{SPILL}: {c.worker.id}'s matched blocks are still being computed and the duplicate "
+                          f"would pass its Θ; recomputing here finishes sooner than waiting there")
+            else:
+                reason += "; promised blocks recomputed in the same batch (room below Θ)"
+            c = held
         w = c.worker
+        now = self.clock()
         before = w.inflight_flops
-        w.inflight_flops += c.cost
+        w.inflight_flops = before + c.cost
         if self._view is not None:
             self._view.moved(w, before)
-        w.note_started(self.clock())
+        w.note_started(now)
         w.inflight_requests += 1
-        w.peak_inflight_requests = max(w.peak_inflight_requests, w.inflight_requests)
+        if w.inflight_requests > w.peak_inflight_requests:
+            w.peak_inflight_requests = w.inflight_requests
         w.counters.requests += 1
         # Promise the blocks the target does not already hold: the matched prefix is there (committed or
         # promised by an earlier request) and stays counted through that request's promise.
@@ -337,20 +344,20 @@ class Scheduler:
         if self.policy.homes is not None and len(job.keys) == 1 and job.keys[0]:
             self.policy.homes.record(job.keys[0], w.id)
         decision = self._note_decision(t0)
-        queued = self.clock() - job.arrived
+        queued = now - job.arrived
         self.stats.dispatched += 1
-        if reason.startswith(SPILL + ":"):
+        if reason.startswith(SPILL_PREFIX):
             self.stats.spills += 1
         if job.future is not None:
             self.queue_wait.append(queued)
-        if log.isEnabledFor(logging.DEBUG):
+        predicted = c.cached_tokens[0] if len(c.cached_tokens) == 1 else sum(c.cached_tokens)
+        if debug:
             log.debug("route %s -> %s rank %d: %s; cost %.3g FLOPs, in-flight %.3g -> %.3g of Θ %.3g; "
                       "predicted cached %d tokens; queued %.3f s; decision %.1f us",
                       job.rid, w.id, c.dp_rank, reason, c.cost, before, w.inflight_flops, w.theta,
-                      sum(c.cached_tokens), queued, decision * 1e6)
-        placement = Placement(job=job, worker=w, slot=c.slot, dp_rank=c.dp_rank, cost=c.cost,
-                              predicted_cached_tokens=sum(c.cached_tokens), matched_blocks=c.matched_blocks,
-                              reason=reason, queued_s=queued, decision_s=decision, promise=promise)
+                      predicted, queued, decision * 1e6)
+        placement = Placement(job, w, c.slot, c.dp_rank, c.cost, predicted, c.matched_blocks, reason, queued,
+                              decision, promise)
         self.reserved(placement)
         return placement
 

@@ -106,13 +106,14 @@ class QueueLog(deque):
         self.number.pop(job, None)
 
     def drop(self, job: Job) -> None:
-        """Remove queued ``job`` and forget its number (a placed job is in the scan window, near the head:
-        ``deque.remove`` finds it by identity, jobs comparing by identity)."""
-        try:
-            self.remove(job)
-        except ValueError:
-            raise RuntimeError(f"job {job.rid} is not queued") from None
-        del self.number[job]
+        """Remove queued ``job`` and forget its number (queue order is number order: found by bisection)."""
+        number = self.number
+        n = number.get(job)
+        i = bisect_left(self, n, key=number.__getitem__) if n is not None else len(self)
+        if i == len(self) or self[i] is not job:
+            raise RuntimeError(f"job {job.rid} is not queued")
+        del self[i]
+        del number[job]
 
 
 _number = itemgetter(0)

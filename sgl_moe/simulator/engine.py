@@ -153,22 +153,26 @@ class Engine:
         batch, self._batch = self._batch, []
         finished = []
         computed = 0
+        now = self.timeline.now
         for u, s in batch:
-            u.done += s
+            done = u.done = u.done + s
             computed += s
-            full = min(u.done // page, len(u.hashes))
-            if full > u.inserted:
-                cache.insert(u.hashes[u.inserted:full])
+            hashes = u.hashes
+            full = min(done // page, len(hashes))
+            if done >= u.tokens:  # the request ends: its new pages enter the tree, all its pages are unlocked
+                # (its reserved pages became tree pages, were freed as duplicates, or are given back)
+                cache.reserved -= u.reserved
+                u.reserved = 0
+                cache.finish(hashes, u.inserted, full)
+                u.inserted = full
+                u.finished = now
+                finished.append(u)
+            elif full > u.inserted:
+                cache.insert(hashes[u.inserted:full])
                 moved = full - u.inserted
                 cache.reserved -= moved  # reserved pages became tree pages (or were freed as duplicates)
                 u.reserved -= moved
                 u.inserted = full
-            if u.done >= u.tokens:
-                cache.reserved -= u.reserved
-                u.reserved = 0
-                cache.unlock(u.hashes[:u.inserted])
-                u.finished = self.timeline.now
-                finished.append(u)
         self.stats.computed_tokens += computed
         self.stats.units += len(finished)
         if self._shared_busy:

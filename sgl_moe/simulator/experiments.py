@@ -38,6 +38,7 @@ def freeze(cal: Calibration, stream_cfg: WorkloadConfig, token_ids: TokenIds = "
     finally:
         if enabled:
             gc.enable()
+    gc.freeze()  # the stream lives as long as the experiment: later collections need not scan it
     units.seconds = time.perf_counter() - t0
     progress(f"stream: {units.tasks:,} tasks -> {units.units:,} prefill requests, {units.prompt_tokens / 1e6:.1f}M "
              f"prompt tokens, oracle cached {units.oracle_cached / units.prompt_tokens:.3f} "

@@ -84,9 +84,32 @@ class KVCacheModel:
                 locks[h] = c + 1
         return new
 
+    def finish(self, hashes: list[int], inserted: int, full: int) -> None:
+        """A request ends: ``insert`` its computed pages ``hashes[inserted:full]``, then ``unlock`` ``hashes[:full]``
+        (one pass each, without the slices)."""
+        locks, lru = self.locks, self.lru
+        if full > inserted:
+            stored = self.stored
+            for i in range(inserted, full):
+                h = hashes[i]
+                c = locks.get(h)
+                if c is None:
+                    locks[h] = 1
+                    stored.append(h)
+                else:
+                    if not c:
+                        del lru[h]
+                    locks[h] = c + 1
+        for i in range(full - 1, -1, -1):
+            h = hashes[i]
+            c = locks[h] - 1
+            locks[h] = c
+            if not c:
+                lru[h] = None
+
     def reserve(self, pages: int) -> bool:
         """Room for ``pages`` more, evicting unlocked pages as needed; False if the locked ones fill it."""
-        short = pages - self.free
+        short = pages - (self.capacity - len(self.locks) - self.reserved)  # (``free``)
         if short > 0:
             if short > len(self.lru):
                 return False
