@@ -26,6 +26,8 @@ class DirtySink(Protocol):
 
     def mark_dirty(self, job: Job) -> None: ...
 
+    def mark_held_revisit(self, job: Job, worker: Worker) -> None: ...
+
 
 class Certificate:
     """Why a queued job's last scoring still holds (see the module docstring)."""
@@ -78,6 +80,11 @@ class Certificate:
         """``needs_room`` got saturated: the job is visited by the next pass, which scores it only if that worker
         is still saturated then (``holds``)."""
         self.owner.mark_dirty(self.job)
+
+    def revisit_held(self) -> None:
+        """``revisit`` of a held job whose ``needs_room`` got saturated (the memo may drop the visit again if that
+        worker has room before a pass reaches the job: ``MemoScheduler.mark_held_revisit``)."""
+        self.owner.mark_held_revisit(self.job, self.needs_room)
 
     def holds(self) -> bool:
         """Clean, no spill may be due, and a held job's worker has room."""

@@ -56,6 +56,9 @@ class MemoScheduler(Scheduler):
         """Pumps with jobs to score while no worker had room."""
         self.held_again = 0
         """Visits of a held job whose worker had been saturated, skipped because it has room again."""
+        self.held_dropped = 0
+        """Visits of held jobs dropped: their worker, saturated when they were put among those to visit, had room
+        again before a pass reached them (``mark_held_revisit``)."""
         self.spill_passed = 0
         """Visits of a rule-5 job with a spill possibly due, left to a later pass: this first pass already deferred
         a spill."""
@@ -77,6 +80,9 @@ class MemoScheduler(Scheduler):
         """During a pass: the queue number of the last job of its scan window."""
         self.watches = WatchLists()
         self._pumped_view: LoadOrder | None = None
+        self._held_revisits: dict[str, list[Job]] = {}
+        """Worker id -> held jobs put among those to visit because that worker got saturated
+        (``mark_held_revisit``)."""
         self._deferred: set[Job] = set()
         """Queued jobs whose last scoring deferred their spill and gave them a certificate."""
         if memo:
@@ -125,7 +131,31 @@ class MemoScheduler(Scheduler):
                 self.room.released(w, after)
             if self.memo:
                 self.watches.released(w, after)
+                if after < w.theta:
+                    revisits = self._held_revisits.pop(w.id, None)
+                    if revisits:
+                        self._drop_held_revisits(revisits, w)
         super().release(placement, ok=ok)
+
+    def mark_held_revisit(self, job: Job, worker: Worker) -> None:
+        """A held job's worker (``Certificate.needs_room``) got saturated: visit the job (``mark_dirty``), and
+        remember why, so that a release giving that worker room before a pass reaches the job drops the visit."""
+        self.mark_dirty(job)
+        self._held_revisits.setdefault(worker.id, []).append(job)
+
+    def _drop_held_revisits(self, jobs: list[Job], w: Worker) -> None:
+        """``w`` has room again (a release, outside any pass): its held jobs that are to be visited only because
+        it was saturated would be skipped by ``try_place`` (held again); they are not visited. Another reason to
+        visit (a broken certificate, an expiry, a new view) puts them back: ``dirty`` is checked here, expiries
+        fire at the pump's start (the clock has not moved), a new view re-marks the whole queue, and a new
+        saturation of ``w`` revisits them again."""
+        dirty, certs, view = self._dirty, self._certs, self.view
+        for job in jobs:
+            c = certs.get(job)
+            if c is not None and c.clean and c.needs_room is w and not c.spill_due and not c.deferred \
+                    and c.view is view and c.ahead is None and job in dirty:
+                dirty.discard(job)
+                self.held_dropped += 1
 
     # -- scoring --------------------------------------------------------------------------------
     def pump(self) -> None:

@@ -98,7 +98,7 @@ class WatchLists:
                         cert.dirty()  # another worker matching as deep may now be the best
                     elif full:
                         if cert.needs_room is w:
-                            cert.revisit()  # scored only if a pass reaches it while ``w`` is still saturated
+                            cert.revisit_held()  # scored only if a pass reaches it while ``w`` is still saturated
                             keep.append((cert, others))
                         else:
                             cert.dirty()
