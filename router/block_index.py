@@ -65,9 +65,15 @@ class BlockIndex:
         committed, pending = self._committed[slot], self._pending[slot]
         lost = [h for h in hashes if h in committed]
         committed.difference_update(lost)
+        index, keep = self._index, ~(1 << slot)
+        get = index.get
         for h in lost:
-            if h not in pending:
-                self._drop_bit(slot, h)
+            if h not in pending:  # (``_drop_bit``, inlined: evictions remove blocks by the million)
+                mask = get(h, 0) & keep
+                if mask:
+                    index[h] = mask
+                else:
+                    index.pop(h, None)
         return lost
 
     def clear_committed(self, slot: int) -> int:
@@ -140,10 +146,9 @@ class BlockIndex:
         get = self._index.get
         for i, h in enumerate(hashes):
             have = get(h, 0) & live
-            dropped = live & ~have
-            if dropped:
+            if have != live:
                 if i:
-                    groups.append((i, dropped))
+                    groups.append((i, live ^ have))  # the targets that dropped out here (``have`` is within ``live``)
                 live = have
                 if not live:
                     break

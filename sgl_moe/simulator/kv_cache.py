@@ -88,10 +88,11 @@ class KVCacheModel:
         """A request ends: ``insert`` its computed pages ``hashes[inserted:full]``, then ``unlock`` ``hashes[:full]``
         (one pass each, without the slices)."""
         locks, lru = self.locks, self.lru
+        whole = full == len(hashes)  # (a finished request's pages cover its prompt: always, in a run)
         if full > inserted:
             stored = self.stored
-            for i in range(inserted, full):
-                h = hashes[i]
+            for h in (hashes[inserted:] if whole else hashes[inserted:full]) if inserted else (
+                    hashes if whole else hashes[:full]):
                 c = locks.get(h)
                 if c is None:
                     locks[h] = 1
@@ -100,8 +101,7 @@ class KVCacheModel:
                     if not c:
                         del lru[h]
                     locks[h] = c + 1
-        for i in range(full - 1, -1, -1):
-            h = hashes[i]
+        for h in reversed(hashes) if whole else reversed(hashes[:full]):
             c = locks[h] - 1
             locks[h] = c
             if not c:
@@ -113,9 +113,9 @@ class KVCacheModel:
         if short > 0:
             if short > len(self.lru):
                 return False
-            lru, locks, removed = self.lru, self.locks, self.removed
+            locks, removed, pop = self.locks, self.removed, self.lru.popitem
             for _ in range(short):
-                h, _ = lru.popitem(last=False)
+                h = pop(False)[0]
                 del locks[h]
                 removed.append(h)
             self.evicted += short
