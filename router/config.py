@@ -86,12 +86,13 @@ class RouterConfig:
     hold_spills: bool = True
     """A request about to be held for promised blocks goes to another worker with room instead when recomputing
     its prompt there finishes sooner than waiting behind the holder (the spill rule applied to a hold)."""
-    prefix_homes: bool = False
+    prefix_homes: bool = True
     """``longest_block_match``: a request whose prefix no worker holds (evicted everywhere) goes to the worker
     its prefix was last placed on when that has room; in a backlog it waits for it in the pump's first pass,
-    where room goes to the jobs whose home it is (``prefix_homes``). Without it such a request goes to the
-    least-loaded worker and, with KV pools smaller than the live prefixes, every worker ends up serving (and
-    evicting) every prefix."""
+    where room goes to the jobs whose home it is (``prefix_homes``). Without it (``--no-prefix-homes``) such a
+    request goes to the least-loaded worker and, with KV pools smaller than the live prefixes, every worker ends
+    up serving (and evicting) every prefix: measured on 3 CPU workers with bounded pools, open loop at 95% of
+    capacity, cached fraction 0.55 without against 0.69 with (``cache_aware`` 0.66 / 0.69 in the same runs)."""
     pending_ttl_s: float = 10.0
     """Safety net: a completed request's pending blocks are dropped this long after completion even if the
     worker never reports them stored (e.g. evicted at once, or KV events lost)."""

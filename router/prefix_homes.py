@@ -11,14 +11,14 @@ The map holds block hashes (hash chains: one hash stands for its whole prefix) a
 (2^k - 1) and the last block of each placed prompt, so recording and looking up cost O(log blocks); it keeps
 the ``capacity`` most recently recorded hashes. A home that is no longer a routable worker is ignored.
 
-Off by default (``RouterConfig.prefix_homes``): on the CPU policy matrix it raised reuse where pools are
-bounded and requests queue in the router (bulk uniform 0.39-0.45 -> 0.51-0.53 cached, cache_aware 0.44-0.47;
-open 95% 0.52-0.61 -> 0.63-0.66, cache_aware 0.64-0.74) but not throughput, within that VM's run-to-run
-spread, and the pump's first pass scans further past deferred jobs (router CPU +60% in those runs).
+On by default (``RouterConfig.prefix_homes``): on the CPU policy matrix with bounded pools it raised reuse where
+requests queue in the router (open 95%: cached 0.55 -> 0.69 against cache_aware's 0.66 / 0.69 in paired runs on a
+quiet host) and left throughput within the runs' spread.
 """
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Sequence
 
 
@@ -41,7 +41,9 @@ class PrefixHomes:
         if capacity < 1:
             raise ValueError(f"capacity must be >= 1, got {capacity}")
         self.capacity = capacity
-        self._home: dict[int, str] = {}
+        self._home: OrderedDict[int, str] = OrderedDict()
+        """Oldest recorded first (an ordered dict: dropping the oldest is O(1); a plain dict's iteration would
+        walk the holes its deletions leave at the front, quadratic once the map is full)."""
 
     def __len__(self) -> int:
         return len(self._home)
@@ -51,12 +53,12 @@ class PrefixHomes:
         home = self._home
         for p in sampled_positions(len(keys)):
             k = keys[p]
-            home.pop(k, None)  # re-inserted last: the most recently recorded survive
+            if k in home:
+                home.move_to_end(k)  # the most recently recorded survive
             home[k] = worker_id
-        over = len(home) - self.capacity
-        if over > 0:
-            for k in [k for k, _ in zip(home, range(over))]:
-                del home[k]
+        pop = home.popitem
+        for _ in range(len(home) - self.capacity):
+            pop(last=False)
 
     def home(self, keys: Sequence[int]) -> str | None:
         """The worker the longest recorded prefix of ``keys`` was last placed on, or None."""
