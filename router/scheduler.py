@@ -314,7 +314,7 @@ class Scheduler:
         return self.holds.check(job, c)
 
     def _reserve(self, job: Job, c: Candidate, reason: str, t0: float, debug: bool = False) -> Placement | None:
-        held = self.holds.check(job, c)  # (``_hold_for_prefix``)
+        held = self._hold_for_prefix(job, c)
         if held is None:
             self._note_decision(t0)
             return None

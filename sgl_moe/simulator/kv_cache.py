@@ -86,22 +86,11 @@ class KVCacheModel:
 
     def finish(self, hashes: list[int], inserted: int, full: int) -> None:
         """A request ends: ``insert`` its computed pages ``hashes[inserted:full]``, then ``unlock`` ``hashes[:full]``
-        (one pass each, without the slices)."""
-        locks, lru = self.locks, self.lru
-        whole = full == len(hashes)  # (a finished request's pages cover its prompt: always, in a run)
+        (in one call, without slicing the whole chain: a finished request's pages cover its prompt)."""
         if full > inserted:
-            stored = self.stored
-            for h in (hashes[inserted:] if whole else hashes[inserted:full]) if inserted else (
-                    hashes if whole else hashes[:full]):
-                c = locks.get(h)
-                if c is None:
-                    locks[h] = 1
-                    stored.append(h)
-                else:
-                    if not c:
-                        del lru[h]
-                    locks[h] = c + 1
-        for h in reversed(hashes) if whole else reversed(hashes[:full]):
+            self.insert(hashes[inserted:full])
+        locks, lru = self.locks, self.lru
+        for h in reversed(hashes) if full == len(hashes) else reversed(hashes[:full]):
             c = locks[h] - 1
             locks[h] = c
             if not c:
