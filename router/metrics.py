@@ -113,6 +113,8 @@ class _StateCollector:
             ("prefix_waits", "Requests that waited for prefix blocks another request was computing on their worker",
              sched.stats.prefix_waits),
             ("queued_requests", "Requests that had to wait in the admission queue", sched.stats.queued),
+            ("queue_pumps", "Scans of the admission queue (after releases, stored blocks, a new Θ)", sched.stats.pumps),
+            ("queue_rescored", "Queued requests scored again by a queue scan", sched.stats.rescored),
             ("rejected_queue_full", "Requests answered 429 because the queue was full",
              sched.stats.rejected_queue_full),
             ("queue_timeouts", "Requests answered 503 after waiting too long for admission",

@@ -73,6 +73,10 @@ class SchedulerStats:
     queue_timeouts: int = 0
     spills: int = 0
     prefix_waits: int = 0
+    pumps: int = 0
+    """Queue scans (``pump``: releases, stored blocks, a new Θ)."""
+    rescored: int = 0
+    """Queued requests scored again by a pump (the router's CPU in a backlog goes mostly here)."""
     decision_seconds: list[float] = field(default_factory=list)
 
 
@@ -121,6 +125,10 @@ class Scheduler:
         """Whether the last ``try_place`` that queued its job did so because its spill was deferred."""
         self._view: LoadOrder | None = None
         self._decision_window: deque[float] = deque(maxlen=4096)
+        self.pump_soon: Callable[[], None] | None = None
+        """Hook: what ``release`` calls to pump (None: ``pump`` at once). The router sets its once-per-turn pump
+        (``Router._on_capacity``): the releases of one finished batch arrive together, and each pump re-scores
+        up to ``PUMP_SCAN_LIMIT`` queued jobs, so one pump after all of them does the work of many."""
 
     # -- requests --------------------------------------------------------------------------------
     async def acquire(self, job: Job) -> Placement:
@@ -175,7 +183,10 @@ class Scheduler:
                 self.ledger.complete(placement.promise, now=self.clock())
             else:
                 self.ledger.fail(placement.promise)
-        self.pump()
+        if self.pump_soon is not None:
+            self.pump_soon()
+        else:
+            self.pump()
 
     def pump(self) -> None:
         """Place queued requests, in FIFO order, while some worker has room: two passes over the queue.
@@ -193,6 +204,7 @@ class Scheduler:
         Hook: overridable (the simulator's memo scans only the jobs whose answer may have changed).
         """
         policy = self.policy
+        self.stats.pumps += 1
         policy.defer_spills = True
         try:
             deferred = self._pump_pass()
@@ -238,6 +250,7 @@ class Scheduler:
                 i += 1
         finally:
             self.ahead = outer
+            self.stats.rescored += scanned
         return deferred and (room if room is not None else self.any_admissible())
 
     def decision_times(self) -> list[float]:

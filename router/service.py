@@ -77,6 +77,7 @@ class Router(RequestForwarding):
             auto_decompress=False, headers=worker_auth_headers(self.cfg))
         self.pool = WorkerPool(self.cfg, self.index, self.ledger, self.session, on_change=self._on_capacity)
         self.scheduler = Scheduler(self.cfg, self.pool, self.index, self.ledger)
+        self.scheduler.pump_soon = self._on_capacity
         self._tasks.append(asyncio.create_task(self.pool.health_loop(), name="health"))
         for url in self.cfg.worker_urls:
             self._tasks.append(asyncio.create_task(self._add_initial(url), name=f"add {url}"))

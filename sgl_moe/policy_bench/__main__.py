@@ -58,7 +58,8 @@ def start_workers(n: int, log_dir: Path, extra: list[str]) -> list[WorkerProcess
 def router_stats(router: RouterUnderTest) -> dict[str, float]:
     """This router's own account of the run: holds for promised prefixes, spills, queueing, predictions."""
     out = {}
-    for name in ("prefix_waits", "spills", "queued_requests", "predicted_cached_tokens", "reported_cached_tokens"):
+    for name in ("prefix_waits", "spills", "queued_requests", "queue_pumps", "queue_rescored",
+                 "predicted_cached_tokens", "reported_cached_tokens"):
         try:
             out[name] = metric(router.url, name)
         except KeyError:

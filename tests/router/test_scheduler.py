@@ -242,3 +242,54 @@ def test_prefix_wait_ends_when_the_computing_request_fails_or_time_runs_out():
         return await asyncio.wait_for(sched.acquire(job("b", [1, 2, 3, 4, 5])), 5)
 
     assert asyncio.run(disabled()).queued_s < 0.05 and sched.stats.prefix_waits == 0
+
+
+def test_releases_of_one_batch_coalesce_into_one_queue_scan():
+    """With ``pump_soon`` (the router's once-per-loop-turn pump), the releases of a batch that ends together
+    scan the queue once, not once each; the queued requests still start in FIFO order."""
+    cost = FLOPS.request_flops(0, 3 * PAGE + 1)
+    sched, pool, index = make(n=1, theta=cost * 2.5)  # three requests in flight saturate the worker
+
+    async def run():
+        due = []
+
+        def pump_soon():
+            if not due:
+                due.append(asyncio.get_running_loop().call_soon(lambda: (due.clear(), sched.pump())))
+
+        sched.pump_soon = pump_soon
+        running = [await sched.acquire(job(f"r{i}", [10 * i + 1, 10 * i + 2, 10 * i + 3])) for i in range(3)]
+        waiting = [asyncio.ensure_future(sched.acquire(job(f"q{i}", [1000 + 10 * i, 1001 + 10 * i, 1002 + 10 * i])))
+                   for i in range(4)]
+        await settle()
+        assert len(sched.queue) == 4
+        pumps, scanned = sched.stats.pumps, sched.stats.rescored
+        for p in running:  # the batch ends: three releases in one turn of the loop
+            sched.release(p, ok=True)
+        assert sched.stats.pumps == pumps  # nothing scanned yet: one scan is due
+        await settle()
+        assert sched.stats.pumps == pumps + 1
+        assert sched.stats.rescored - scanned == 3  # three placed (the fourth found no room: the scan stopped)
+        return [t.result().job.rid for t in waiting if t.done()]
+
+    assert asyncio.run(run()) == ["q0", "q1", "q2"]
+
+
+def test_without_pump_soon_each_release_scans_the_queue():
+    """The simulator's path (no ``pump_soon``): ``release`` pumps at once, as the placements it replays expect."""
+    cost = FLOPS.request_flops(0, 3 * PAGE + 1)
+    sched, pool, index = make(n=1, theta=cost * 2.5)
+
+    async def run():
+        running = [await sched.acquire(job(f"r{i}", [10 * i + 1, 10 * i + 2, 10 * i + 3])) for i in range(3)]
+        waiting = [asyncio.ensure_future(sched.acquire(job(f"q{i}", [1000 + 10 * i, 1001 + 10 * i, 1002 + 10 * i])))
+                   for i in range(4)]
+        await settle()
+        pumps = sched.stats.pumps
+        for p in running:
+            sched.release(p, ok=True)
+        assert sched.stats.pumps == pumps + 3
+        await settle()
+        return [t.result().job.rid for t in waiting if t.done()]
+
+    assert asyncio.run(run()) == ["q0", "q1", "q2"]
