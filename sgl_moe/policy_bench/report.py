@@ -86,7 +86,18 @@ def median_row(runs: list[dict]) -> dict:
     row["requests"] = sum(r["requests"] for r in runs)
     row["runs"] = [{k: r[k] for k in ("throughput_rps", "cached_fraction", "latency_p99_ms", "failures")}
                    for r in runs]
+    cpu = [router_cpu_ms(r) for r in runs]
+    cpu = [c for c in cpu if c is not None]
+    row["router_cpu_ms_per_request"] = statistics.median(cpu) if cpu else None
     return row
+
+
+def router_cpu_ms(run: dict) -> float | None:
+    """Milliseconds of the router's CPU (its processes, user + system) per request of one run, if measured.
+
+    On a host where the router shares the cores with the workers it is compute they lose."""
+    cpu = (run.get("router_stats") or {}).get("router_cpu_s")
+    return cpu / run["requests"] * 1e3 if cpu is not None and run.get("requests") else None
 
 
 GOAL = {"vs_cache_aware": 1.1, "vs_round_robin": 1.3, "p99_vs_cache_aware": 1.2}
@@ -145,10 +156,20 @@ def run_ratios(results: list[dict]) -> list[float]:
     return [o["throughput_rps"] / c["throughput_rps"] for o, c in zip(ours, ca) if c["throughput_rps"] > 0]
 
 
+def _row_cpu_ms(row: dict) -> float | None:
+    """A table row's router CPU per request (rows written before ``median_row`` kept it: the first run's CPU over
+    one run's requests)."""
+    if "router_cpu_ms_per_request" in row:
+        return row["router_cpu_ms_per_request"]
+    runs = len(row.get("runs") or [row])
+    return router_cpu_ms({**row, "requests": row.get("requests", 0) / runs})
+
+
 def matrix_table(scenarios: list[dict]) -> str:
     """One Markdown table: a line per scenario and router, with the goal's ratios on sgl_moe's line."""
-    lines = ["| scenario | router | req/s | cached | p50 ms | p99 ms | vs cache_aware | vs round robin | goal |",
-             "|---|---|---|---|---|---|---|---|---|"]
+    lines = ["| scenario | router | req/s | cached | p50 ms | p99 ms | router CPU ms/req | vs cache_aware "
+             "| vs round robin | goal |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for sc in scenarios:
         v = sc.get("verdict", {})
         for r in sc["results"]:
@@ -159,6 +180,7 @@ def matrix_table(scenarios: list[dict]) -> str:
             lines.append(
                 f"| {sc['name'] if ours else ''} | {r['router']} | {r['throughput_rps']:.2f} | "
                 f"{r['cached_fraction']:.3f} | {r['latency_p50_ms']:.0f} | {r['latency_p99_ms']:.0f} | "
+                f"{_fmt(_row_cpu_ms(r), '.2f')} | "
                 + (f"{_fmt(v.get('rps_vs_cache_aware'), '.2f')}x req/s, p99 {_fmt(v.get('p99_vs_cache_aware'), '.2f')}x"
                    + _spread(v.get("runs_rps_vs_cache_aware")) if ours and v else "")
                 + " | " + (f"{_fmt(v.get('rps_vs_round_robin'), '.2f')}x" if ours and v else "")

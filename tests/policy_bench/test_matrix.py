@@ -12,7 +12,7 @@ import pytest
 from sgl_moe import DEFAULT_MODEL_DIR
 from sgl_moe.policy_bench import matrix
 from sgl_moe.policy_bench.prefix_stream import PrefixStreamConfig, build_prefix_stream
-from sgl_moe.policy_bench.report import median_row, run_ratios, verdict
+from sgl_moe.policy_bench.report import matrix_table, median_row, run_ratios, verdict
 from sgl_moe.policy_bench.scenarios import MATRIX, Sizes, select
 from sgl_moe.router.router_tokenizer import RouterTokenizer
 
@@ -97,6 +97,21 @@ def test_repeated_runs_are_judged_on_their_medians_and_keep_every_run():
     assert [r["throughput_rps"] for r in rows[0]["runs"]] == [2.0, 3.0, 2.4]
     assert verdict(rows, "closed")["rps_vs_cache_aware"] == pytest.approx(1.2)
     assert run_ratios(rows) == pytest.approx([1.0, 1.5, 0.6])
+
+
+def test_router_cpu_per_request_is_the_median_of_the_runs_and_shown_in_the_table():
+    runs = [_row("longest_block_match", 2.0, 0.6, 1000) for _ in range(3)]
+    for row, cpu_s in zip(runs, (0.5, 1.5, 1.0)):
+        row["requests"], row["router_stats"] = 500, {"router_cpu_s": cpu_s}
+    row = median_row(runs)
+    assert row["router_cpu_ms_per_request"] == pytest.approx(2.0)  # 1.0 s over 500 requests
+    unmeasured = median_row([{**_row("cache_aware", 2.0, 0.6, 1000), "requests": 500,
+                              "router_stats": {"router_cpu_s": None}}])
+    assert unmeasured["router_cpu_ms_per_request"] is None
+    for r in (row, unmeasured):
+        r["router"], r["latency_p50_ms"] = r["policy"], 100.0
+    table = matrix_table([{"name": "s", "results": [row, unmeasured], "verdict": {}}])
+    assert "| 2.00 |" in table.splitlines()[2] and "| – |" in table.splitlines()[3]
 
 
 @pytest.mark.skipif(importlib.util.find_spec("sglang_router") is None, reason="sglang-router is not installed")
