@@ -20,18 +20,20 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Sequence
+from functools import lru_cache
 
 
-def sampled_positions(n: int) -> list[int]:
-    """Block positions recorded for a prompt of ``n`` blocks, deepest first."""
+@lru_cache(maxsize=8192)
+def sampled_positions(n: int) -> tuple[int, ...]:
+    """Block positions recorded for a prompt of ``n`` blocks, deepest first (cached: every placement asks)."""
     if n <= 0:
-        return []
+        return ()
     out = [n - 1]
     p = 1
     while p - 1 < n - 1:
         out.append(p - 1)
         p *= 2
-    return sorted(set(out), reverse=True)
+    return tuple(sorted(set(out), reverse=True))
 
 
 class PrefixHomes:

@@ -19,11 +19,11 @@ INFO = WorkerInfo(model_name="test", page_size=PAGE, flops=FLOPS, saturation=Sat
 
 
 def test_sampled_positions_are_powers_of_two_minus_one_and_the_last():
-    assert sampled_positions(0) == []
-    assert sampled_positions(1) == [0]
-    assert sampled_positions(5) == [4, 3, 1, 0]
-    assert sampled_positions(16) == [15, 7, 3, 1, 0]
-    assert sampled_positions(17) == [16, 15, 7, 3, 1, 0]
+    assert sampled_positions(0) == ()
+    assert sampled_positions(1) == (0,)
+    assert sampled_positions(5) == (4, 3, 1, 0)
+    assert sampled_positions(16) == (15, 7, 3, 1, 0)
+    assert sampled_positions(17) == (16, 15, 7, 3, 1, 0)
 
 
 def test_the_longest_recorded_prefix_names_the_home():
