@@ -91,7 +91,8 @@ class Router(RequestForwarding):
             await self.session.close()
 
     def _on_capacity(self) -> None:
-        """Stored blocks or a new Θ may let queued requests run: pump once on the next turn of the event loop.
+        """Stored blocks, a new Θ or a finished request (``Scheduler.pump_soon``) may let queued requests run: pump
+        once on the next turn of the event loop.
 
         One pump per turn, not one per KV-event batch: a router (re)started in front of long-running workers
         replays their event buffers (thousands of batches each), and a pump per batch re-scored up to
