@@ -128,7 +128,8 @@ class Scheduler:
         self.pump_soon: Callable[[], None] | None = None
         """Hook: what ``release`` calls to pump (None: ``pump`` at once). The router sets its once-per-turn pump
         (``Router._on_capacity``): the releases of one finished batch arrive together, and each pump re-scores
-        up to ``PUMP_SCAN_LIMIT`` queued jobs, so one pump after all of them does the work of many."""
+        up to ``PUMP_SCAN_LIMIT`` queued jobs, so one pump after all of them does the work of many. The simulator
+        sets one that pumps after each engine step's releases."""
 
     # -- requests --------------------------------------------------------------------------------
     async def acquire(self, job: Job) -> Placement:

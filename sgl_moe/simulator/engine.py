@@ -36,7 +36,8 @@ from sgl_moe.simulator.units import SimUnit
 class EngineSink(Protocol):
     """Where an engine reports: the frontend (router model) and, through it, the client."""
 
-    def finished(self, unit: SimUnit) -> None: ...
+    def finished(self, units: list[SimUnit]) -> None:
+        """The requests one step completed, together (as one SGLang batch's answers reach the router)."""
 
     def kv_events(self, engine: Engine, removed: list[int], stored: list[int]) -> None: ...
 
@@ -179,8 +180,8 @@ class Engine:
             self.shared.busy -= 1
         if cache.stored or cache.removed:
             self.sink.kv_events(self, *cache.take_events())
-        for u in finished:  # the engine still counts as busy: new work waits for the loop below
-            self.sink.finished(u)
+        if finished:  # the engine still counts as busy: new work waits for the loop below
+            self.sink.finished(finished)
         self.busy = False
         if self.waiting or self.chunked is not None:
             self._start_step()

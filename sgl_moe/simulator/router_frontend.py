@@ -2,7 +2,8 @@
 
 Nothing of the decision logic is re-implemented here. Per request the frontend does what
 ``Scheduler.acquire`` does without awaiting: place at once when the queue is empty, else append to
-the scheduler's FIFO queue and ``pump``; a completion calls ``Scheduler.release`` (which pumps). The
+the scheduler's FIFO queue and ``pump``; the completions of one engine step each call ``Scheduler.release``,
+then one pump follows (the router's ``pump_soon``). The
 scheduler reads the virtual clock; it is the router's ``Scheduler`` with the exact re-scoring memo of
 ``memo`` (``SimConfig.memo=False`` runs it without). Workers are real ``Worker`` objects admitted with
 a ``WorkerInfo`` into a ``WorkerPool`` without HTTP; KV events go through the pool's event sink
@@ -112,6 +113,8 @@ class RouterFrontend:
         self.pool = SimPool.of(self.cfg, self.index, self.ledger, {e.id: info for e in engines}, on_change=self.pump)
         self.workers = list(self.pool.workers.values())
         self.scheduler = MemoScheduler(self.cfg, self.pool, self.index, self.ledger, clock=timeline, memo=memo)
+        self.scheduler.pump_soon = self._pump_soon
+        self._pump_due = False
         self.engines = {e.id: e for e in engines}
         self.timeline = timeline
         self.event_delay_s = event_delay_s
@@ -165,11 +168,25 @@ class RouterFrontend:
         self._backlog = units
         self._after()
 
-    def finished(self, unit: SimUnit) -> None:
-        if self.trace is not None:
-            self.trace.append(("release", self.timeline.now, unit.rid))
-        self.scheduler.release(unit.placement, ok=True)
+    def finished(self, units: list[SimUnit]) -> None:
+        """One engine step's answers: each released, then one pump. The router's releases of one SGLang batch
+        arrive together and its ``pump_soon`` pumps once after them (one event-loop turn); a pump per release
+        would give the room to the queue's head one request at a time, which the router no longer does."""
+        sched, trace = self.scheduler, self.trace
+        for unit in units:
+            if trace is not None:
+                trace.append(("release", self.timeline.now, unit.rid))
+            sched.release(unit.placement, ok=True)
+        if self._pump_due:
+            self._pump_due = False
+            if trace is not None:
+                trace.append(("pump", self.timeline.now))
+            sched.pump()
         self._after()
+
+    def _pump_soon(self) -> None:
+        """``Scheduler.pump_soon``: a release asks for a pump; ``finished`` makes it after the step's releases."""
+        self._pump_due = True
 
     def pump(self, _: object = None) -> None:
         """What the router's ``on_change`` does (KV events stored blocks, a hold ran out)."""

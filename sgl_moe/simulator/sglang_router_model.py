@@ -71,8 +71,9 @@ class SglangRouterFrontend:
         self.engines[i].submit(unit)
         return True
 
-    def finished(self, unit: SimUnit) -> None:
-        self.load[self._index[unit.engine.id]] -= 1
+    def finished(self, units: list[SimUnit]) -> None:
+        for unit in units:
+            self.load[self._index[unit.engine.id]] -= 1
 
     def kv_events(self, engine: Engine, removed: list[int], stored: list[int]) -> None:
         pass  # HTTP mode: sglang-router never sees the workers' caches

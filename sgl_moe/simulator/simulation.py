@@ -21,6 +21,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from sgl_moe.router.config import RouterConfig
 from sgl_moe.simulator.engine import Engine, SharedCompute
 from sgl_moe.simulator.router_frontend import RouterFrontend
 from sgl_moe.simulator.sglang_router_model import CacheAwareConfig, SglangRouterFrontend
@@ -64,8 +65,8 @@ class SimConfig:
     """The router's --max-affinity-wait-s."""
     pending_ttl_s: float = 10.0
     """The router's --pending-ttl-s."""
-    prefix_wait_s: float = 30.0
-    """The router's --prefix-wait-s (0: never hold a request for promised blocks)."""
+    prefix_wait_s: float = RouterConfig.prefix_wait_s
+    """The router's --prefix-wait-s and its default (0: never hold a request for promised blocks)."""
     event_delay_s: float | None = None
     """KV-event delay; default: the calibration's."""
     seed: int = 0
@@ -165,18 +166,20 @@ class Simulation:
         self._rng = random.Random(cfg.seed)
 
     # -- EngineSink --------------------------------------------------------------------------
-    def finished(self, unit: SimUnit) -> None:
+    def finished(self, units: list[SimUnit]) -> None:
         r = self.result
-        r.units += 1
-        r.prompt_tokens += unit.tokens
-        r.cached_tokens += unit.cached
-        self._latencies.append(unit.finished - unit.arrival)
-        self._outstanding -= 1
-        self._last_finish = unit.finished
-        unit.hashes = unit.segments = None  # type: ignore[assignment]  # done with: free the memory
-        self.frontend.finished(unit)
-        if self.cfg.arrival == "closed":
-            self._send_next()
+        for unit in units:
+            r.units += 1
+            r.prompt_tokens += unit.tokens
+            r.cached_tokens += unit.cached
+            self._latencies.append(unit.finished - unit.arrival)
+            self._outstanding -= 1
+            self._last_finish = unit.finished
+        self.frontend.finished(units)
+        for unit in units:
+            unit.hashes = unit.segments = None  # type: ignore[assignment]  # done with: free the memory
+            if self.cfg.arrival == "closed":
+                self._send_next()
 
     def kv_events(self, engine: Engine, removed: list[int], stored: list[int]) -> None:
         self.frontend.kv_events(engine, removed, stored)

@@ -45,19 +45,35 @@ def placements(cfg, stream, memo):
 @pytest.mark.parametrize("workers,requests,theta_tokens", [(16, 2000, 2000), (32, 3000, 2000), (64, 3000, 500)])
 def test_memo_places_as_the_plain_scheduler_in_a_backlog(workers, requests, theta_tokens):
     cal = h100_30b()
-    cfg = SimConfig(workers=workers, policy="longest_block_match", theta_flops=cal.flops.request_flops(0, theta_tokens))
+    # Holds for promised blocks on (the router's --prefix-wait-s, off by default): every kind of certificate
+    cfg = SimConfig(workers=workers, policy="longest_block_match", theta_flops=cal.flops.request_flops(0, theta_tokens),
+                    prefix_wait_s=30.0)
     stream = WorkloadConfig(requests=requests, seed=3)
     with_memo, memo = placements(cfg, stream, memo=True)
     plain, reference = placements(cfg, stream, memo=False)
     assert with_memo == plain
     # every shortcut was taken (else this test would prove nothing about it)
     assert memo.certified["deferred"] > 100 and memo.certified["held"] > 50 and memo.certified["rule5"] > 100
-    # held jobs kept through their worker's saturation (``Certificate.needs_room``): not visited once it has room
-    # again (``held_dropped``), or visited and skipped
-    assert memo.held_dropped > 5
+    # (Held jobs kept through their worker's saturation, ``Certificate.needs_room``, ``held_again`` and
+    # ``held_dropped``, are no longer seen here: the frontend pumps once after a step's releases, as the router's
+    # pump_soon does, and the worker's room comes back with that pump. Whatever shortcut is taken, the placements
+    # above are the plain scheduler's.)
     # rule-5 jobs whose threshold a release crossed: left to the second pass, or re-armed on a check
-    assert memo.spill_passed > 100 and memo.spill_rechecked > 10
+    assert memo.spill_passed > 50 and memo.spill_rechecked > 0
     assert memo.scored < reference.scored / 5
+
+
+@pytest.mark.parametrize("workers,requests,theta_tokens", [(16, 2000, 2000), (64, 3000, 500)])
+def test_memo_places_as_the_plain_scheduler_with_the_routers_defaults(workers, requests, theta_tokens):
+    cal = h100_30b()
+    cfg = SimConfig(workers=workers, policy="longest_block_match", theta_flops=cal.flops.request_flops(0, theta_tokens))
+    assert cfg.prefix_wait_s == RouterConfig.prefix_wait_s
+    stream = WorkloadConfig(requests=requests, seed=3)
+    with_memo, memo = placements(cfg, stream, memo=True)
+    plain, reference = placements(cfg, stream, memo=False)
+    assert with_memo == plain
+    assert memo.certified["deferred"] > 100 and memo.certified["rule5"] > 50 and not memo.certified["held"]
+    assert memo.scored < reference.scored / 3
 
 
 def test_learned_spill_threshold_is_the_policys():

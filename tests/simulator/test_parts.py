@@ -59,8 +59,8 @@ def test_engine_step_time_follows_the_calibration():
     done = []
 
     class Sink:
-        def finished(self, unit):
-            done.append((unit.rid, timeline.now))
+        def finished(self, units):
+            done.extend((unit.rid, timeline.now) for unit in units)
 
         def kv_events(self, engine, removed, stored):
             pass
@@ -87,8 +87,8 @@ def test_transfers_set_a_floor_under_each_step():
     ends = []
 
     class Sink:
-        def finished(self, unit):
-            ends.append(timeline.now)
+        def finished(self, units):
+            ends.extend(timeline.now for _ in units)
 
         def kv_events(self, engine, removed, stored):
             pass

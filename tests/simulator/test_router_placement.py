@@ -2,9 +2,10 @@
 
 The simulated run records every operation on the router (requests arriving, releases, KV-event batches,
 hold timers, promise expiry). A fresh, plain ``Scheduler`` (no memo) then gets the same operations the
-way the router's service issues them: ``await acquire(job)`` per request, ``release`` per answer,
-the pool's ``events.on_batch`` per event batch (which pumps, as the service's on_change does), on a fake clock
-set to each operation's time. Every request must land on the same worker with the same cost.
+way the router's service issues them: ``await acquire(job)`` per request, ``release`` per answer (the
+service's ``pump_soon`` pump after a step's answers is recorded as a pump), the pool's ``events.on_batch``
+per event batch (which pumps, as the service's on_change does), on a fake clock set to each operation's
+time. Every request must land on the same worker with the same cost.
 """
 
 import asyncio
@@ -46,6 +47,8 @@ def replay(trace, sim, offline_all_at_zero):
     pool = SimPool.of(cfg, index, ledger, {w.id: w.info for w in front.workers}, on_change=lambda: holder["s"].pump())
     workers = list(pool.workers.values())
     sched = holder["s"] = Scheduler(cfg, pool, index, ledger, clock=clock)
+    # The service's pump_soon pumps once after a batch's releases; the trace records that pump as a "pump" op.
+    sched.pump_soon = lambda: None
     sources = {w.id: EventSource(worker_id=w.id, dp_rank=0, endpoint="x", replay_endpoint=None) for w in workers}
     tasks = {}
 
@@ -118,7 +121,7 @@ def test_hand_made_stream_is_placed_as_the_router_places_it():
     cal = cpu_tiny()
     theta = cal.flops.request_flops(0, 300)  # about one request per worker: queueing, holds and spills
     cfg = SimConfig(workers=3, policy="longest_block_match", arrival="closed", concurrency=12, theta_flops=theta,
-                    max_affinity_wait_s=0.3, pending_ttl_s=1.0)
+                    max_affinity_wait_s=0.3, pending_ttl_s=1.0, prefix_wait_s=30.0)  # holds on (off by default)
     sim, placed, result = run_traced(cfg, cal, hand_made_units())
     assert result.units == 48 and len(placed) == 48
     stats = sim.frontend.scheduler.stats
