@@ -27,8 +27,10 @@ from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 from typing import Any, Literal
 
-from sgl_moe import DEFAULT_MODEL_DIR
+from sgl_moe import DEFAULT_MODEL_DIR, saturation
 from sgl_moe.flops import FlopsModel
+from sgl_moe.saturation import SaturationThreshold
+from sgl_moe.worker.theta_calibration import PROFILE_MAX_CONCURRENCY, PROFILE_PROMPT_TOKENS
 
 Transfer = Literal["none", "nvlink", "pcie"]
 """Weight transfers each forward pass must hide: none (weights resident), NVLink all-gather, PCIe stream."""
@@ -75,8 +77,8 @@ class Calibration:
     page_size: int = 16
     """KV page size: the unit of prefix caching and of the router's block hashes."""
     theta_flops: float | None = None
-    """Θ the worker reports; ``None``: the FLOPs of one full step (what ``/sgl_moe/info`` reports
-    until Θ is calibrated)."""
+    """Θ the worker reports; ``None``: what a live worker measures at start-up, its throughput profile run on
+    this model (``profiled_theta``)."""
     nvlink_transfer_s: float = 0.0
     """Expert transfer per forward pass over NVLink (all MoE layers but the first)."""
     pcie_transfer_s: float = 0.0
@@ -90,7 +92,17 @@ class Calibration:
 
     @property
     def theta(self) -> float:
-        return self.theta_flops if self.theta_flops is not None else self.flops.request_flops(0, self.step_tokens)
+        """Θ with no weight transfer to hide: ``theta_flops``, else the profiled knee (``profiled_theta``)."""
+        return self.theta_flops if self.theta_flops is not None else profiled_theta(self).flops
+
+    def step_seconds(self, prompts: int, tokens: int, transfer_s: float = 0.0) -> float:
+        """One forward pass computing ``prompts`` uncached prompts of ``tokens`` tokens each (``Engine``'s
+        step time: fixed, per request, per token, per attention pair and per token of KV; the weight
+        transfer hides it when longer)."""
+        computed = prompts * tokens
+        compute = (self.step_s + prompts * self.request_s + self.token_s * computed
+                   + self.pair_s * prompts * tokens * (tokens + 1) / 2 + self.context_token_s * computed)
+        return max(compute, transfer_s)
 
     def transfer_s(self, transfer: Transfer) -> float:
         return {"none": 0.0, "nvlink": self.nvlink_transfer_s, "pcie": self.pcie_transfer_s}[transfer]
@@ -111,6 +123,26 @@ class Calibration:
         values = {k: v for k, v in data.items() if k in known}
         values["flops"] = FlopsModel.from_dict(values["flops"])
         return cls(**values)
+
+
+def profiled_theta(cal: Calibration, transfer_s: float = 0.0) -> SaturationThreshold:
+    """Θ as a live worker without streaming measures it at start-up (``theta_calibration``'s throughput
+    profile), on this model: rounds of 1, 2, 4 ... concurrent ``PROFILE_PROMPT_TOKENS``-token prompts up to
+    ``PROFILE_MAX_CONCURRENCY`` (and what the KV pool holds), each round as many full steps as its tokens
+    need, timed by ``step_seconds``; Θ where throughput reaches the knee (``saturation.from_throughput``,
+    margin 1, no request overhead: simulated workers report none)."""
+    tokens = max(16, min(PROFILE_PROMPT_TOKENS, cal.step_tokens))
+    per_step = max(1, cal.step_tokens // tokens)
+    points = []
+    for c in (2 ** i for i in range(PROFILE_MAX_CONCURRENCY.bit_length())):
+        if c > PROFILE_MAX_CONCURRENCY or (c > 1 and c * tokens > cal.cache_tokens):
+            break
+        full, rest = divmod(c, per_step)
+        seconds = full * cal.step_seconds(per_step, tokens, transfer_s)
+        if rest:
+            seconds += cal.step_seconds(rest, tokens, transfer_s)
+        points.append((c, seconds))
+    return saturation.from_throughput(points, cal.flops.request_flops(0, tokens), tokens, 1.0, 0.0)
 
 
 def cpu_tiny() -> Calibration:
