@@ -26,7 +26,7 @@ from sgl_moe.simulator.engine import Engine, SharedCompute
 from sgl_moe.simulator.router_frontend import RouterFrontend
 from sgl_moe.simulator.sglang_router_model import CacheAwareConfig, SglangRouterFrontend
 from sgl_moe.simulator.timeline import Timeline
-from sgl_moe.simulator.timing_model import Calibration, Transfer, profiled_theta
+from sgl_moe.simulator.timing_model import Calibration, Transfer
 from sgl_moe.simulator.units import SimUnit
 
 ROUTER_POLICIES = ("longest_block_match", "round_robin", "least_flops")
@@ -146,10 +146,7 @@ class Simulation:
         shared = SharedCompute(cal.shared_compute)
         transfer = cal.transfer_s(cfg.transfer)
         self.engines = [Engine(f"w{i}", cal, transfer, self.timeline, self, shared) for i in range(cfg.workers)]
-        # Θ: given, else the calibration's, else what the worker's start-up throughput profile finds (with the
-        # weight transfer every step must hide, when there is one).
-        self.theta = cfg.theta_flops if cfg.theta_flops is not None else cal.theta_flops if cal.theta_flops \
-            is not None else profiled_theta(cal, cal.transfer_s(cfg.transfer)).flops
+        self.theta = cfg.theta_flops if cfg.theta_flops is not None else cal.theta_for(transfer)
         if cfg.policy in ROUTER_POLICIES:
             unbounded = cfg.arrival == "offline"
             self.frontend: RouterFrontend | SglangRouterFrontend = RouterFrontend(

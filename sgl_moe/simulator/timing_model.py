@@ -92,8 +92,13 @@ class Calibration:
 
     @property
     def theta(self) -> float:
-        """Θ with no weight transfer to hide: ``theta_flops``, else the profiled knee (``profiled_theta``)."""
-        return self.theta_flops if self.theta_flops is not None else profiled_theta(self).flops
+        """Θ with no weight transfer to hide (``theta_for``)."""
+        return self.theta_for()
+
+    def theta_for(self, transfer_s: float = 0.0) -> float:
+        """Θ the worker reports: ``theta_flops``, else the knee of its throughput profile with ``transfer_s`` of
+        weight transfer to hide per step (``profiled_theta``)."""
+        return self.theta_flops if self.theta_flops is not None else profiled_theta(self, transfer_s).flops
 
     def step_seconds(self, prompts: int, tokens: int, transfer_s: float = 0.0) -> float:
         """One forward pass computing ``prompts`` uncached prompts of ``tokens`` tokens each (``Engine``'s
