@@ -34,7 +34,7 @@ from sgl_moe.streaming.expert_store import ExpertStore
 from sgl_moe.streaming.moe_stack import MoEStackConfig
 
 MODES = ("resident", "on_demand", "exact", "speculative")
-DEFAULT_HIT_RATE_JSON = Path("benchmarks/results/cpu-tiny-prediction-quality.json")
+DEFAULT_HIT_RATE_JSON = Path("benchmarks/results/offload/tiny-prediction-quality.json")
 NO_GRAPHS = ("CUDA graphs: not used. The engine's slot bookkeeping is on the host, so every layer reads its "
              "expert ids on the host (a device->host sync); that cannot be captured.")
 

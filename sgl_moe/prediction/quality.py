@@ -1,7 +1,7 @@
 """Prediction quality on held-out text (seed 003 Figs 3, 4, 9, 10 and Table 1, for one model on CPU).
 
     python -m sgl_moe.prediction.quality --model sgl_moe/models/tiny-qwen3-moe \
-        --json benchmarks/results/cpu-tiny-prediction-quality.json
+        --json benchmarks/results/offload/tiny-prediction-quality.json
 
 1. per target layer l+1: recall@k of router / estimator / hybrid prediction (and of the router on s_l,
    the no-default-vector baseline); cosine similarity of q_l and of s_l to the true router input s_{l+1}

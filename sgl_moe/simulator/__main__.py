@@ -5,7 +5,7 @@
     python -m sgl_moe.simulator --theta-sweep --workers 8 --requests 100000 --transfer nvlink
     python -m sgl_moe.simulator --compare BENCH.json [--calibration cpu_tiny | calibration.json]
     python -m sgl_moe.simulator --matrix [--matrix-size smoke] [--scenarios a,b] \\
-        --out benchmarks/results/sim-matrix.json     # also writes sim-matrix.md
+        --out benchmarks/results/simulator/matrix.json     # also writes matrix.md
 """
 
 from __future__ import annotations
