@@ -5,6 +5,10 @@ work is done). Each unit (one prefill; multi-selection gives one per candidate) 
 request: it goes through the same placement, Θ admission, queue and retry as a client's ``/v1/score``,
 so the siblings of a multi-selection co-locate on the worker that holds their shared prompt until it
 saturates. A unit that fails at run time fails only its own task: the other results are still returned.
+
+When the router's tokenizer is not exact (the probe found the worker's ids differ), prompts and chat
+renderings go to ``/v1/score`` as text, which the worker tokenizes itself; labels keep the router's ids (short
+plain strings, where loaders agree). The router never answers a 5xx of its own for want of exact ids.
 """
 
 from __future__ import annotations
@@ -20,14 +24,14 @@ from typing import TYPE_CHECKING
 import orjson
 from aiohttp import web
 
-from sgl_moe.router.chat_prompt import chat_prompt
+from sgl_moe.router.chat_prompt import chat_prompt, template_message
 from sgl_moe.router.errors import RequestError, error_body, error_response, request_error_response
 from sgl_moe.router.intake import PARSE_INLINE_BYTES, Attempt, read_body
 from sgl_moe.router.parsed_request import ParsedRequest
 from sgl_moe.router.prefill_tasks import ScorePlan, Task, TaskError, combine, parse_tasks, plan_score, read_score
 from sgl_moe.router.request_fields import check_model
 from sgl_moe.router.request_parsing import parse_request
-from sgl_moe.router.router_tokenizer import RouterTokenizer
+from sgl_moe.router.router_tokenizer import ChatTemplateError, NoChatTemplate, RouterTokenizer
 from sgl_moe.router.suspects import SuspectList
 
 if TYPE_CHECKING:
@@ -60,6 +64,26 @@ def _unit_ids(task: Task, suffix: str, tok: RouterTokenizer) -> list[int]:
     return ids + (tok.encode_plain(suffix) if suffix else [])
 
 
+def _unit_text(task: Task, suffix: str, tok: RouterTokenizer) -> str | None:
+    """The unit's prompt as the text ``/v1/score`` tokenizes (special tokens added), or None for a token-id task.
+
+    A chat task is rendered with the template; the BOS that the rendering writes is dropped when the tokenizer adds
+    it on its own, so that it is not there twice."""
+    if task.prompt is not None:
+        return task.prompt + suffix
+    if task.messages is None:
+        return None
+    rendered = [template_message(m) for m in task.messages]
+    try:
+        text = tok.apply_chat_template(rendered, add_generation_prompt=True)
+    except (NoChatTemplate, ChatTemplateError):  # as chat_prompt: the contents joined
+        return "\n".join(m["content"] for m in rendered) + suffix
+    bos = tok.special_tokens.get("bos_token")
+    if bos and text.startswith(bos) and tok.encode("a")[:1] == tok.encode_plain(bos)[:1]:
+        text = text[len(bos):]
+    return text + suffix
+
+
 def _label_ids(task: Task, labels: list[str], tok: RouterTokenizer, param: str) -> list[list[int]]:
     ids = [tok.encode_plain(label) for label in labels]
     if any(not i for i in ids):
@@ -85,8 +109,9 @@ def plan_units(router: Router, tasks: list[Task], model: str | None, batch: bool
                             f"{where}.messages" if where else "messages")
         for unit in task.units():
             lparam = f"{where}.{'labels' if task.type == 'classify' else 'choices'}" if where else "labels"
-            ids = _unit_ids(task, unit.suffix, tok)
-            plan = plan_score(ids, _label_ids(task, unit.labels, tok, lparam), task.scoring)
+            text = None if tok.exact else _unit_text(task, unit.suffix, tok)
+            query = _unit_ids(task, unit.suffix, tok) if text is None else text
+            plan = plan_score(query, _label_ids(task, unit.labels, tok, lparam), task.scoring, tok.decode)
             if model is not None:
                 plan.body["model"] = model
             try:
@@ -95,7 +120,8 @@ def plan_units(router: Router, tasks: list[Task], model: str | None, batch: bool
             except RequestError as exc:
                 raise RequestError(exc.status, f"{where + ': ' if where else ''}{exc.message}",
                                    where or exc.param) from None
-            units.append(PlannedUnit(task, plan, parsed, len(ids)))
+            tokens = len(query) if text is None else len(parsed.prompts[0])  # text: the router's estimate
+            units.append(PlannedUnit(task, plan, parsed, tokens))
         out.append(units)
     return out
 
@@ -112,10 +138,6 @@ async def _classify(router: Router, request: web.Request) -> web.Response:
     pool = router.pool
     if pool.tokenizer is None:
         return error_response(503, "no worker is registered yet", kind="unavailable")
-    if not pool.tokenizer.exact:
-        return error_response(501, "/v1/classify needs token ids that match the worker's tokenizer exactly, and the "
-                              "router cannot reproduce this model's tokenizer class; use /v1/score directly",
-                              kind="not_supported")
     raw = await read_body(request, router.cfg)
     if isinstance(raw, web.Response):
         return raw

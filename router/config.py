@@ -50,14 +50,33 @@ class RouterConfig:
     max_request_tokens: int = 262_144
     """Most prompt tokens one request may carry, summed over its prompts (text is checked by length before it
     is tokenized)."""
+    max_n: int = 64
+    """Most parallel samples (``n``; also ``best_of`` and ``beam_width``) one prompt may ask for; with several prompts,
+    ``n`` times the prompts may not pass --max-prompts either (SGLang turns each sample into a request of its
+    own). Checked before tokenizing. OpenAI allows up to 128; a prefill-only server rarely wants more than a few."""
+    max_grammar_chars: int = 32_768
+    """Longest constrained-decoding grammar one request may carry, in characters: ``regex``, ``json_schema``,
+    ``ebnf``, ``structural_tag`` and ``stop_regex`` (in ``sampling_params`` or at the top level of the OpenAI
+    routes) and ``response_format``. The worker compiles these before it runs the request; real schemas and
+    patterns are a few KB (OpenAI's structured outputs cap property names and enums at 15,000 characters)."""
+    max_grammar_depth: int = 64
+    """Deepest nesting in such a grammar: groups in a regex, parentheses in an EBNF grammar, objects and arrays in
+    a JSON schema. A regex of 3,000 nested groups held a worker's grammar compiler for 11.8 s before SGLang
+    refused it; hand-written patterns nest a few levels, schemas a few dozen at most."""
     header_timeout_s: float = 30.0
     """A connection that has not sent a complete request head (line and headers) this long after it opened,
     or after its previous response, is closed."""
     body_timeout_s: float = 60.0
     """A request whose body has not arrived in full this long after its head is answered 408."""
     suspect_ttl_s: float = 3600.0
-    """A request that was running on a worker when the worker died is refused (400) for this long: it may be
-    what killed the worker, and the router never offers it to a second one."""
+    """How long the router remembers the requests that were running on a worker when it died (suspects: one of
+    them may have killed it). The router retries each itself, alone on a healthy worker and one at a time (the
+    quarantine lane); one whose retry kills that worker too is poison and is refused (400) for this long, the
+    others are answered."""
+    abort_timeout_s: float = 10.0
+    """Longest the router waits for a worker to accept the abort of a request whose client went away. The
+    request's load stays counted on the worker until then: a worker too busy to answer the abort is still
+    running it. An abort not accepted in time is counted (``abort_failures``) and the load released."""
     policy: Policy = "longest_block_match"
     """Placement policy. All share discovery, admission (Θ), the FIFO queue and the proxy; only the choice
     of worker differs: longest_block_match (prefix affinity with FLOPs-aware spill), round_robin,
@@ -78,7 +97,7 @@ class RouterConfig:
     """``longest_block_match``: a request whose best match ends in blocks only *promised* by a request still
     running on that worker waits (up to this long) until they are stored, then reuses them instead of
     computing the same prefix in the same batch. 0 (the default) disables the wait: on the CPU policy matrix
-    (benchmarks/results/cpu-policy-matrix-holds.md) holds cost throughput and reuse wherever they were taken
+    (benchmarks/results/router/matrix-holds-off-a7d868c.md) holds cost throughput and reuse wherever they were taken
     (bulk and open loop at 80-95% of capacity: up to 16 points of req/s against cache_aware, p99 up to 2x) and
     were never taken in closed loops, where the duplicate fits under Θ."""
     prefix_wait_min_tokens: int = 64
@@ -137,12 +156,13 @@ class RouterConfig:
     worker_urls: tuple[str, ...] = field(default=())
 
     def validate(self) -> None:
-        for name in ("queue_size", "health_failures", "max_body_bytes", "max_prompts", "max_request_tokens"):
+        for name in ("queue_size", "health_failures", "max_body_bytes", "max_prompts", "max_request_tokens", "max_n",
+                     "max_grammar_chars", "max_grammar_depth"):
             if getattr(self, name) < 1:
                 raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
         for name in ("queue_timeout_s", "pending_ttl_s", "health_interval_s", "health_timeout_s", "request_timeout_s",
                      "worker_keepalive_s", "health_stall_s",
-                     "header_timeout_s", "body_timeout_s", "suspect_ttl_s"):
+                     "header_timeout_s", "body_timeout_s", "suspect_ttl_s", "abort_timeout_s"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"--{name.replace('_', '-')} must be positive, got {getattr(self, name)}")
         if self.prefix_wait_s < 0 or self.prefix_wait_min_tokens < 0:

@@ -21,9 +21,9 @@ from sgl_moe.router.intake import Attempt
 from sgl_moe.router.job import Placement
 from sgl_moe.router.parsed_request import ParsedRequest
 from sgl_moe.router.upstream import abort_on_worker, failure, upstream
-from sgl_moe.router.worker import Worker
 
 if TYPE_CHECKING:
+    from sgl_moe.router.config import RouterConfig
     from sgl_moe.router.scheduler import Scheduler
 
 log = logging.getLogger("sgl_moe.router")
@@ -35,9 +35,11 @@ class RequestForwarding:
     the worker when the client goes away."""
 
     # The Router's own state (set in its __init__ and start), declared here for the methods below.
+    cfg: RouterConfig
     session: aiohttp.ClientSession | None
     scheduler: Scheduler | None
     aborts: int
+    abort_failures: int
     _tasks: list[asyncio.Task]
 
     def _headers(self, placement: Placement) -> dict[str, str]:
@@ -54,7 +56,7 @@ class RequestForwarding:
         when the worker gives no usable answer.
         """
         worker = placement.worker
-        ok = False
+        ok = aborting = False
         try:
             async with upstream(self.session, worker.url + endpoint, body, headers) as resp:
                 try:
@@ -72,14 +74,15 @@ class RequestForwarding:
             return web.Response(body=payload, status=status, headers={"content-type": ctype,
                                                                       **self._headers(placement)})
         except asyncio.CancelledError:
-            self._abort(worker, attempt, placement.job.rid)
+            aborting = self._abort(attempt, placement)
             raise
         finally:
-            self.scheduler.release(placement, ok=ok)
+            if not aborting:
+                self.scheduler.release(placement, ok=ok)
 
     async def _stream(self, request: web.Request, attempt: Attempt, placement: Placement) -> web.StreamResponse:
         worker = placement.worker
-        ok = False
+        ok = aborting = False
         try:
             async with upstream(self.session, worker.url + attempt.endpoint, attempt.body, attempt.headers) as resp:
                 if resp.status >= 500:
@@ -95,28 +98,46 @@ class RequestForwarding:
                     log.warning("stream of %s from %s broke: %s", placement.job.rid, worker.id, exc)
                     return out
                 except ConnectionResetError:  # the client went away mid-stream
-                    self._abort(worker, attempt, placement.job.rid)
+                    aborting = self._abort(attempt, placement)
                     return out
                 await out.write_eof()
                 ok = resp.status < 400
                 return out
         except asyncio.CancelledError:
-            self._abort(worker, attempt, placement.job.rid)
+            aborting = self._abort(attempt, placement)
             raise
         finally:
-            self.scheduler.release(placement, ok=ok)
+            if not aborting:
+                self.scheduler.release(placement, ok=ok)
 
-    def _abort(self, worker: Worker, attempt: Attempt | None, rid: str) -> None:
-        """The client went away: abort its request on the worker (its FLOPs are released by the caller)."""
+    def _abort(self, attempt: Attempt | None, placement: Placement) -> bool:
+        """The client went away: abort its request on the worker. True when an abort task now owns releasing
+        ``placement`` (it does so whatever the abort's outcome, within ``--abort-timeout-s``); False when there is
+        no ``rid`` to abort (the worker notices the closed connection) and the caller releases it."""
         self.aborts += 1
+        worker, rid = placement.worker, placement.job.rid
         abort_rid = attempt.abort_rid if attempt is not None else None
         log.info("client of request %s went away: %s", rid,
                  f"aborting {abort_rid} on worker {worker.id}" if abort_rid else
                  f"closed the connection to worker {worker.id}, which aborts it there")
-        if abort_rid is not None:
-            task = asyncio.get_running_loop().create_task(abort_on_worker(self.session, worker.url, abort_rid))
-            self._tasks.append(task)
-            task.add_done_callback(self._tasks.remove)
+        if abort_rid is None:
+            return False
+        task = asyncio.get_running_loop().create_task(self._abort_then_release(placement, abort_rid))
+        self._tasks.append(task)
+        task.add_done_callback(self._tasks.remove)
+        return True
+
+    async def _abort_then_release(self, placement: Placement, abort_rid: str) -> None:
+        worker = placement.worker
+        t0 = time.monotonic()
+        try:
+            why = await abort_on_worker(self.session, worker.url, abort_rid, self.cfg.abort_timeout_s)
+            if why is not None:
+                self.abort_failures += 1
+                log.warning("abort of %s on worker %s failed after %.1f s: %s; the request is counted as lost and "
+                            "its load on the worker released", abort_rid, worker.id, time.monotonic() - t0, why)
+        finally:
+            self.scheduler.release(placement, ok=False)
 
     def _note_cached(self, placement: Placement, endpoint: str, payload: bytes) -> None:
         """Compare the predicted prefix hit with what the worker reports (``meta_info.cached_tokens``)."""

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 import aiohttp
 
 from sgl_moe.router.discovery import Discovery
-from sgl_moe.router.worker import HEALTHY, UNHEALTHY, Worker, WorkerError
+from sgl_moe.router.worker import HEALTHY, STARTING, UNHEALTHY, Worker, WorkerError
 
 if TYPE_CHECKING:
     from sgl_moe.router.worker_pool import WorkerPool
@@ -58,7 +58,7 @@ class HealthMonitor:
             return
         if ok:
             worker.health_failures = 0
-            if worker.state == UNHEALTHY:
+            if worker.state in (UNHEALTHY, STARTING):
                 await self.readmit(worker)
             elif worker.info.calibrating:
                 await self.refresh_theta(worker)
@@ -117,4 +117,8 @@ class HealthMonitor:
                 log.info("worker %s restarted (new instance %s): dropped %d committed blocks of rank %d",
                          worker.id, info.instance_id, dropped, rank)
             worker.install(info, pool.cfg.saturation_flops, pool.cfg.request_overhead_flops)
+        elif worker.info.calibrating and not info.calibrating:  # its start-up profile ended
+            worker.install(info, pool.cfg.saturation_flops, pool.cfg.request_overhead_flops)
+            log.info("worker %s ready: Θ %s, %.4g FLOPs (%s)", worker.id, info.saturation.state, worker.theta,
+                     info.saturation.source)
         pool.mark_healthy(worker)

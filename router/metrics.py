@@ -126,10 +126,18 @@ class _StateCollector:
             ("tokenizer_mismatches", "Workers whose own token ids differed from the router's on the probe set "
              "when they joined (the router then routes without prefix affinity)", pool.tokenizer_mismatches),
             ("pending_retired_ttl", "Pending promises retired by the TTL safety net", router.ledger.stats.retired_ttl),
-            ("suspect_refusals", "Requests refused because the same request was running on a worker when it died",
+            ("suspect_refusals", "Requests refused as poison (the same request killed a worker it ran alone on)",
              router.suspects.refused),
+            ("quarantine_runs", "Suspects (requests running on a worker when it died) run alone on another worker",
+             router.lane.runs if router.lane is not None else 0),
+            ("suspects_cleared", "Suspects whose run alone ended with the worker alive (answered)",
+             router.suspects.cleared),
+            ("poison_convicted", "Suspects whose run alone killed that worker too (refused for --suspect-ttl-s)",
+             router.suspects.convicted),
             ("client_aborts", "Requests whose client went away before the answer (aborted on their worker)",
              router.aborts),
+            ("abort_failures", "Aborts of such requests that the worker did not accept within --abort-timeout-s "
+             "(the request is counted as lost and its load released)", router.abort_failures),
             ("busy_health_probes", "Health probes that failed while the worker was making progress (not counted "
              "against it)", pool.health.busy_probes),
         ):

@@ -19,6 +19,7 @@ This module is pure: parsing, expansion into units, and combination of score res
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -219,10 +220,18 @@ class ScorePlan:
     body: dict
     label_ids: list[list[int]]
     single_token: bool
+    prefixes: list[tuple[int, ...]] = field(default_factory=list)
+    """The label prefix (token ids) each item of ``body`` stands for, in order."""
 
 
-def plan_score(unit_ids: list[int], label_ids: list[list[int]], scoring: str) -> ScorePlan:
-    """Items are the distinct proper prefixes of the labels; each item scores the tokens that follow it."""
+def plan_score(query: list[int] | str, label_ids: list[list[int]], scoring: str,
+               decode: Callable[[list[int]], str] | None = None) -> ScorePlan:
+    """Items are the distinct proper prefixes of the labels; each item scores the tokens that follow it.
+
+    ``query`` is the unit's token ids, or its text when the router's tokenizer is not exact (the worker then
+    tokenizes the prompt itself): the items are then text too, each prefix written back with ``decode``, and
+    SGLang scores ``query + item`` tokenized whole (a label's later tokens may merge across that boundary;
+    single-token labels and ``first_token`` scoring use only the empty item and are exact)."""
     if scoring == "first_token":
         label_ids = [ids[:1] for ids in label_ids]
     single = all(len(ids) == 1 for ids in label_ids)
@@ -232,10 +241,16 @@ def plan_score(unit_ids: list[int], label_ids: list[list[int]], scoring: str) ->
             nxt = prefixes.setdefault(tuple(ids[:k]), [])
             if ids[k] not in nxt:
                 nxt.append(ids[k])
-    items = [list(p) for p in prefixes]
-    body = {"query": unit_ids, "items": items, "label_token_ids": [prefixes[p] for p in prefixes],
+    keys = list(prefixes)
+    if isinstance(query, str):
+        if decode is None and any(keys):
+            raise ValueError("a text query with multi-token labels needs decode")
+        items: list = [decode(list(p)) if p else "" for p in keys]  # type: ignore[misc]
+    else:
+        items = [list(p) for p in keys]
+    body = {"query": query, "items": items, "label_token_ids": [prefixes[p] for p in prefixes],
             "apply_softmax": single, "return_token_logprobs": True}
-    return ScorePlan(body, label_ids, single)
+    return ScorePlan(body, label_ids, single, keys)
 
 
 def read_score(plan: ScorePlan, response: dict) -> tuple[list[float], list[float]]:
@@ -244,8 +259,8 @@ def read_score(plan: ScorePlan, response: dict) -> tuple[list[float], list[float
     items = plan.body["items"]
     if not isinstance(token_lps, list) or len(token_lps) != len(items) or not isinstance(scores, list):
         raise ValueError("the worker's /v1/score answer lacks token_logprobs for every item")
-    table = {tuple(item): dict(zip(labels, lps))
-             for item, labels, lps in zip(items, plan.body["label_token_ids"], token_lps)}
+    keys = plan.prefixes or [tuple(item) for item in items]
+    table = {key: dict(zip(labels, lps)) for key, labels, lps in zip(keys, plan.body["label_token_ids"], token_lps)}
     logprobs = []
     for ids in plan.label_ids:
         lp = 0.0

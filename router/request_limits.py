@@ -1,7 +1,8 @@
 """Bounds on the work one request may ask for, and the inputs a worker would crash on.
 
-Checked by the parsers in two steps: a cheap one on counts and text lengths *before* anything is
-tokenized (``check_count``, ``check_text``), and an exact one on the token ids that will be prefilled
+Checked by the parsers in two steps: a cheap one on counts, parallel samples (``check_samples``), grammar sizes
+(``grammar_limits``) and text lengths *before* anything is tokenized (``check_count``, ``check_text``), and an
+exact one on the token ids that will be prefilled
 (``check_prompts``): how many prompts, how many tokens in all, every id inside the model's vocabulary.
 SGLang 0.5.23 does not check ids against the vocabulary: an id past the embedding table raises
 ``IndexError`` in the scheduler, which takes the whole worker down.
@@ -25,6 +26,12 @@ class RequestLimits:
     """Rows of the model's embedding table; ids must be below it (0: unknown, not checked)."""
     hidden_size: int = 0
     """Width of one ``input_embeds`` row (0: unknown, not checked)."""
+    max_n: int = 64
+    """Parallel samples (``n``, ``best_of``) one prompt may ask for; ``n`` x prompts is bounded by ``max_prompts``."""
+    max_grammar_chars: int = 32_768
+    """Characters of one constrained-decoding grammar (``grammar_limits``)."""
+    max_grammar_depth: int = 64
+    """Nesting depth of one constrained-decoding grammar (``grammar_limits``)."""
     chars_per_token: int = 0
     """The longest token of the router's tokenizer, in characters (``RouterTokenizer.max_token_chars``): a
     text longer than ``max_request_tokens × chars_per_token`` cannot fit and is refused without tokenizing
@@ -62,6 +69,60 @@ class RequestLimits:
             bad = next(t for t in ids if t >= self.vocab_size)
             raise RequestError(400, f"{param} holds token id {bad}, outside the model's vocabulary "
                                     f"(ids 0..{self.vocab_size - 1})", param)
+
+
+def check_samples(endpoint: str, body: dict, limits: RequestLimits) -> None:
+    """``n`` (and ``best_of``, ``beam_width``) within ``--max-n``, and the sequences they make (``n`` per prompt,
+    summed over the prompts) within ``--max-prompts``: SGLang expands every sample into a request of its own before
+    anything checks it (``n`` = 100,000 held a worker for minutes). Cheap: nothing is tokenized."""
+    params = body.get("sampling_params") if endpoint == "/generate" else body
+    per_prompt = params if isinstance(params, list) else [params]
+    names = {"/generate": ("n", "beam_width"), "/v1/completions": ("n", "best_of")}.get(endpoint, ("n",))
+    samples, fan_out = 0, False
+    for p in per_prompt:
+        n = 1
+        for name in names:
+            value = p.get(name) if isinstance(p, dict) else None
+            if value is None:
+                continue
+            param = name if params is body else f"sampling_params.{name}"
+            if not _is_id(value) or value < 1:
+                raise RequestError(400, f"{param} must be a positive integer, got {value!r}", param)
+            if value > limits.max_n:
+                raise RequestError(400, f"{param} is {value}; the router accepts at most {limits.max_n} parallel "
+                                        "samples per prompt (--max-n)", param)
+            n = max(n, value)
+        samples += n
+        fan_out = fan_out or n > 1
+    if not fan_out:
+        return  # one sequence per prompt: the prompt count itself is checked with the prompts (``check_count``)
+    if not isinstance(params, list):
+        samples *= prompt_count(endpoint, body)
+    if samples > limits.max_prompts:
+        param = "n" if endpoint != "/generate" else "sampling_params.n"
+        raise RequestError(400, f"the request asks for {samples} sequences (n per prompt, over its prompts); the "
+                                f"router accepts at most {limits.max_prompts} per request (--max-prompts)", param)
+
+
+def prompt_count(endpoint: str, body: dict) -> int:
+    """How many prompts a ``/generate`` or completions body carries, read from its shape (0 if malformed)."""
+    if endpoint == "/v1/completions":
+        prompt = body.get("prompt")
+        return len(prompt) if isinstance(prompt, list) and prompt and isinstance(prompt[0], (str, list)) else 1
+    if endpoint != "/generate":
+        return 1
+    for key in ("input_ids", "text", "input_embeds"):
+        value = body.get(key)
+        if value is None:
+            continue
+        if key == "text":
+            return len(value) if isinstance(value, list) else 1
+        if key == "input_ids":
+            return len(value) if isinstance(value, list) and value and isinstance(value[0], list) else 1
+        nested = isinstance(value, list) and value and isinstance(value[0], list) and value[0] \
+            and isinstance(value[0][0], list)
+        return len(value) if nested else 1
+    return 1
 
 
 def _is_id(value: Any) -> bool:

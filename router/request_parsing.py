@@ -34,6 +34,7 @@ from sgl_moe.router.chat_prompt import chat_prompt
 from sgl_moe.router.context_limits import DEFAULT_COMPLETION_MAX_TOKENS, check_context, decode_bound, max_new_tokens
 from sgl_moe.router.decision_prompt import decision_prompts, is_blank
 from sgl_moe.router.errors import RequestError
+from sgl_moe.router.grammar_limits import check_grammars
 from sgl_moe.router.parsed_request import Namespace, ParsedRequest, common_prefix_len, namespaces, same_namespace
 from sgl_moe.router.request_fields import (
     check_model,
@@ -46,7 +47,7 @@ from sgl_moe.router.request_fields import (
     text_prompts,
     token_ids,
 )
-from sgl_moe.router.request_limits import RequestLimits, check_id_fields
+from sgl_moe.router.request_limits import RequestLimits, check_id_fields, check_samples
 from sgl_moe.router.router_tokenizer import RouterTokenizer
 
 NO_CHAT_TEMPLATE = ("this model's tokenizer has no chat template (tokenizer.chat_template is not set), so "
@@ -73,6 +74,9 @@ def parse_request(endpoint: str, raw: bytes, *, tokenizer: RouterTokenizer, serv
                            param=unknown[0])
     limits = limits or RequestLimits()
     check_id_fields(body, limits)
+    if endpoint in (GENERATE, COMPLETIONS, CHAT):  # before any tokenizing: the cheap bounds on work
+        check_samples(endpoint, body, limits)
+        check_grammars(body, limits.max_grammar_chars, limits.max_grammar_depth)
     parse = _PARSERS[endpoint]
     return parse(_Context(endpoint, body, tokenizer, served_model_name, context_length, limits))
 

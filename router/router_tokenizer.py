@@ -225,7 +225,7 @@ class RouterTokenizer:
         return cls.from_file_bytes(files)
 
     def mark_inexact(self, reason: str) -> None:
-        """Stop trusting ``encode`` (requests lose prefix affinity; ``/v1/classify`` answers 501)."""
+        """Stop trusting ``encode`` (requests lose prefix affinity; ``/v1/classify`` sends text to ``/v1/score``)."""
         self.exact, self.inexact_reason = False, reason
         log.warning("router tokenizer no longer exact: %s", reason)
 
@@ -247,6 +247,10 @@ class RouterTokenizer:
         if self._stock:
             return self.backend.encode_batch_fast([text], add_special_tokens=False)[0].ids
         return self.hf.encode(text, add_special_tokens=False)
+
+    def decode(self, ids: list[int]) -> str:
+        """The text of ``ids`` (classify's label prefixes, written back as text when the router is not exact)."""
+        return self.hf.decode(ids)
 
     @cached_property
     def max_token_chars(self) -> int:

@@ -339,6 +339,13 @@ class Scheduler:
             else:
                 reason += "; promised blocks recomputed in the same batch (room below Θ)"
             c = held
+        return self.book(job, c, reason, t0, debug)
+
+    def book(self, job: Job, c: Candidate, reason: str, t0: float | None = None, debug: bool = False) -> Placement:
+        """Reserve ``c.cost`` on ``c.worker`` for ``job`` and promise its blocks there: the placement, made now.
+
+        Hook: the quarantine lane books a suspect this way with a cost of at least the worker's Θ, so that nothing
+        else is admitted there until it is released."""
         w = c.worker
         now = self.clock()
         before = w.inflight_flops
@@ -357,7 +364,7 @@ class Scheduler:
         promise = self.ledger.promise(job.rid, c.slot, keys) if keys else None
         if self.policy.homes is not None and len(job.keys) == 1 and job.keys[0]:
             self.policy.homes.record(job.keys[0], w.id)
-        decision = self._note_decision(t0)
+        decision = self._note_decision(time.perf_counter() if t0 is None else t0)
         queued = now - job.arrived
         self.stats.dispatched += 1
         if reason.startswith(SPILL_PREFIX):

@@ -32,6 +32,7 @@ from sgl_moe.router.job import Job, Placement
 from sgl_moe.router.metrics import RouterMetrics
 from sgl_moe.router.parsed_request import ParsedRequest
 from sgl_moe.router.pending import PendingLedger
+from sgl_moe.router.quarantine import QuarantineLane
 from sgl_moe.router.request_parsing import parse_request
 from sgl_moe.router.scheduler import NoWorkers, QueueFull, QueueTimeout, Scheduler
 from sgl_moe.router.suspects import Suspect, SuspectList
@@ -61,10 +62,14 @@ class Router(RequestForwarding):
         self.session: aiohttp.ClientSession | None = None
         self.pool: WorkerPool | None = None
         self.scheduler: Scheduler | None = None
+        self.lane: QuarantineLane | None = None
+        """Suspects run here, alone and one at a time (``quarantine``)."""
         self.metrics = RouterMetrics(self)
         self.suspects = SuspectList(cfg.suspect_ttl_s)
         self.aborts = 0
         """Requests aborted on their worker because the client went away."""
+        self.abort_failures = 0
+        """Of those, aborts the worker did not accept within ``--abort-timeout-s`` (counted as lost)."""
         self._tasks: list[asyncio.Task] = []
         self._pump_due = False
         """A pump is scheduled for the next turn of the event loop (``_on_capacity``)."""
@@ -78,6 +83,7 @@ class Router(RequestForwarding):
         self.pool = WorkerPool(self.cfg, self.index, self.ledger, self.session, on_change=self._on_capacity)
         self.scheduler = Scheduler(self.cfg, self.pool, self.index, self.ledger)
         self.scheduler.pump_soon = self._on_capacity
+        self.lane = QuarantineLane(self.scheduler, self.pool, self.cfg.queue_timeout_s)
         self._tasks.append(asyncio.create_task(self.pool.health_loop(), name="health"))
         for url in self.cfg.worker_urls:
             self._tasks.append(asyncio.create_task(self._add_initial(url), name=f"add {url}"))
@@ -98,6 +104,8 @@ class Router(RequestForwarding):
         replays their event buffers (thousands of batches each), and a pump per batch re-scored up to
         ``PUMP_SCAN_LIMIT`` queued requests each time (measured: 20-30 s of router CPU during a 600-request
         bulk run, throughput 0.1x the same router's once the buffers were short)."""
+        if self.lane is not None:
+            self.lane.notify()
         if self.scheduler is None or self._pump_due:
             return
         self._pump_due = True
@@ -179,16 +187,21 @@ class Router(RequestForwarding):
                               attempt)
 
     def refuse_suspect(self, rid: str, fingerprint: bytes) -> web.Response | None:
-        """The 400 for a request that was running on a worker when it died (``suspects``), else None."""
+        """The 400 for a poison request (its run alone killed a second worker: ``suspects``), else None."""
         suspect = self.suspects.find(fingerprint)
-        if suspect is None:
+        if suspect is None or not suspect.poison:
             return None
         self.suspects.refused += 1
-        log.warning("refusing request %s: the same request (%s) was running on worker %s when it died %.0f s ago",
+        log.warning("refusing request %s: the same request (%s) killed worker %s when it ran there alone %.0f s ago",
                     rid, suspect.rid, suspect.worker_id, time.monotonic() - suspect.at)
-        return error_response(400, f"refused: this request was running on worker {suspect.worker_id} when that "
-                              f"worker died (request {suspect.rid}); it may be what killed it, so the router does "
-                              "not send it to another worker", kind="request_failed")
+        return self._poison_response(suspect)
+
+    def _poison_response(self, suspect: Suspect) -> web.Response:
+        first = f"was running on worker {suspect.first_worker_id} when that worker died, then " \
+            if suspect.first_worker_id else ""
+        return error_response(400, f"refused: this request {first}ran alone on worker {suspect.worker_id}, which "
+                              f"died too (request {suspect.rid}); the router takes it for what killed them and refuses "
+                              f"it for {self.cfg.suspect_ttl_s:.0f} s (--suspect-ttl-s)", kind="request_failed")
 
     async def run(self, rid: str, parsed: ParsedRequest, call: Callable[[Placement], Awaitable[web.StreamResponse]],
                   attempt: Attempt | None = None) -> web.StreamResponse:
@@ -197,41 +210,66 @@ class Router(RequestForwarding):
         Every router-side refusal (queue full, queue timeout, no workers, worker failure) becomes a JSON error
         response here, so callers always get a response object. The retry rule: a prefill-only request is
         retried once on another worker when its worker answered 5xx, or could not be reached before anything
-        was sent; never after a timeout, and never when the worker died while running it (``suspects``).
+        was sent; never after a timeout. A request whose worker died while running it (and one the router
+        already holds for a suspect, ``suspects``) is retried through the quarantine lane: alone on a healthy
+        worker, one suspect at a time. Its worker answering there clears it; that worker dying too convicts it
+        (400, and the same request is refused for ``--suspect-ttl-s``).
         """
         job = self._job(rid, parsed)
+        key = attempt.fingerprint if attempt is not None else None
+        suspect = self.suspects.find(key) if key is not None else None
+        if suspect is not None and suspect.poison:
+            return self._poison_response(suspect)
+        alone = suspect is not None  # a resent suspect runs alone, as its first try did
         retryable = parsed.prefill_only and not parsed.stream
         tries = 0
         while True:
             try:
-                placement = await self.scheduler.acquire(job)
+                placement = await (self.lane.enter(job) if alone else self.scheduler.acquire(job))
             except QueueFull as exc:
                 return error_response(429, f"router busy: {exc}; retry later", kind="rate_limit_exceeded",
                                       headers={"Retry-After": str(exc.retry_after_s)})
-            except QueueTimeout as exc:
+            except (QueueTimeout, NoWorkers) as exc:
                 return error_response(503, str(exc), kind="unavailable", headers={"Retry-After": "5"})
-            except NoWorkers as exc:
-                return error_response(503, str(exc), kind="unavailable", headers={"Retry-After": "5"})
+            if alone and key is not None:
+                now = self.suspects.find(key)  # another copy's run alone may have told while this one waited
+                if now is None or now.poison:
+                    self.scheduler.release(placement, ok=False)
+                    self.lane.leave()
+                    if now is not None:
+                        return self._poison_response(now)
+                    alone = False
+                    continue
             self.metrics.decision_seconds.observe(placement.decision_s)
             if placement.job.future is not None:
                 self.metrics.queue_wait_seconds.observe(placement.queued_s)
+            in_lane = alone
             try:
-                return await call(placement)
+                resp = await call(placement)
+                if alone and key is not None:
+                    self.suspects.clear(key)
+                    log.warning("request %s ran alone on worker %s, which lived: innocent", rid, placement.worker.id)
+                return resp
             except WorkerFailure as exc:
                 worker = placement.worker
                 worker.counters.failures += 1
                 self.metrics.worker_failures.labels(worker.id).inc()
                 if not exc.connect and await self.pool.died(worker):
                     self.pool.mark_unhealthy(worker, f"its process died while running requests ({exc})")
-                    key = attempt.fingerprint if attempt is not None else None
+                    if alone:
+                        poison = self.suspects.convict(key, rid, worker.id) if key is not None else Suspect(
+                            rid, worker.id, time.monotonic(), poison=True)
+                        log.error("worker %s died running request %s alone (quarantine lane): it is poison, refused "
+                                  "for %.0f s", worker.id, rid, self.cfg.suspect_ttl_s)
+                        return self._poison_response(poison)
                     if key is not None:
                         self.suspects.add(key, Suspect(rid, worker.id, time.monotonic()))
-                    log.error("worker %s died while running request %s (%s); the request is not retried and is "
-                              "refused for %.0f s: it may be what killed the worker", worker.id, rid, exc,
-                              self.cfg.suspect_ttl_s)
-                    return error_response(502, f"worker {worker.id} died while running this request; it is not "
-                                          "sent to another worker, because it may be what killed the worker",
-                                          kind="worker_failure")
+                    log.error("worker %s died while running request %s (%s); retrying it alone on another worker "
+                              "(quarantine lane): it may be what killed the worker", worker.id, rid, exc)
+                    job.exclude = job.exclude | {worker.id}
+                    job.future = None
+                    alone = True
+                    continue
                 if exc.transport:
                     self.pool.mark_unhealthy(worker, str(exc))
                 if retryable and not exc.timeout and tries == 0 and len(self.pool.workers) > 1:
@@ -243,6 +281,9 @@ class Router(RequestForwarding):
                     continue
                 log.warning("request %s failed on %s: %s", rid, worker.id, exc)
                 return error_response(502, f"worker {worker.id} failed: {exc}", kind="worker_failure")
+            finally:
+                if in_lane:
+                    self.lane.leave()
 
     def _job(self, rid: str, parsed: ParsedRequest) -> Job:
         t0 = time.perf_counter()

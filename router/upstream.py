@@ -2,15 +2,12 @@
 
 from __future__ import annotations
 
-import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 import aiohttp
 
 from sgl_moe.router.errors import WorkerFailure
-
-log = logging.getLogger("sgl_moe.router")
 
 ABORT_PATH = "/abort_request"
 """SGLang's route that aborts a request by ``rid``."""
@@ -40,12 +37,15 @@ async def upstream(session: aiohttp.ClientSession, url: str, body: bytes,
         yield resp
 
 
-async def abort_on_worker(session: aiohttp.ClientSession, base_url: str, rid: str) -> None:
-    """Ask the worker to abort request ``rid`` (best effort: a worker that cannot be reached has dropped it)."""
+async def abort_on_worker(session: aiohttp.ClientSession, base_url: str, rid: str, timeout_s: float) -> str | None:
+    """Ask the worker to abort request ``rid``, waiting at most ``timeout_s``. None: the worker accepted, or its
+    process is gone (a refused connection: the request went with it). Otherwise why the abort did not get through
+    (``repr`` of the error, never empty): the worker may still be running the request."""
     try:
         async with session.post(base_url + ABORT_PATH, json={"rid": rid},
-                                timeout=aiohttp.ClientTimeout(total=5)) as resp:
-            if resp.status != 200:
-                log.warning("abort of %s on %s answered %d", rid, base_url, resp.status)
+                                timeout=aiohttp.ClientTimeout(total=timeout_s)) as resp:
+            return None if resp.status == 200 else f"answered {resp.status}"
+    except aiohttp.ClientConnectorError:
+        return None
     except (TimeoutError, aiohttp.ClientError) as exc:
-        log.warning("abort of %s on %s failed: %s", rid, base_url, exc)
+        return repr(exc)

@@ -18,6 +18,8 @@ from sgl_moe.router.tokenizer_probe import TokenizerCheck
 from sgl_moe.wire import INFO_PATH, WorkerInfo
 
 HEALTHY, UNHEALTHY = "healthy", "unhealthy"
+STARTING = "starting"
+"""Added while its start-up work (the Θ profile) ran: out of rotation until its ``/health`` answers 200."""
 PINNED_THETA_SOURCE = "router flag --saturation-flops"
 
 

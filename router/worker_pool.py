@@ -28,7 +28,7 @@ from sgl_moe.router.plain_worker import PlainWorkers
 from sgl_moe.router.request_limits import RequestLimits
 from sgl_moe.router.router_tokenizer import RouterTokenizer
 from sgl_moe.router.tokenizer_probe import TOKENIZE_PATH, TokenizerCheck, check_worker
-from sgl_moe.router.worker import HEALTHY, UNHEALTHY, NotAWorker, Worker, WorkerError
+from sgl_moe.router.worker import HEALTHY, STARTING, UNHEALTHY, NotAWorker, Worker, WorkerError
 from sgl_moe.wire import WorkerInfo
 
 log = logging.getLogger("sgl_moe.router.workers")
@@ -55,7 +55,7 @@ class WorkerPool:
         self.health = HealthMonitor(self, self.discovery)
         curve = load_client_keys(cfg.kv_events_keys) if cfg.kv_events_keys else None  # checked by cfg.validate
         self.events = KvEventSink(self.workers, index, ledger, on_change, cfg.drop_seqs(), curve)
-        self.limits = RequestLimits(cfg.max_prompts, cfg.max_request_tokens)
+        self.limits = self.flag_limits()
         """What one request may ask for (``request_limits``): the flags, and the model's shape once known."""
         self._reference: WorkerInfo | None = None
         """The first worker's info: every later one must match it (``check_compatible``)."""
@@ -113,6 +113,9 @@ class WorkerPool:
                                   hidden_size=self._reference.hidden_size,
                                   chars_per_token=self.tokenizer.max_token_chars)
             worker.tokenizer_check = check
+            if info.calibrating:  # its /health says 503 until the profile ends: no traffic into the profile
+                worker.state = STARTING
+                worker.last_error = "starting: its Θ profile runs; in rotation once its /health answers 200"
             self.events.attach(worker)
             log.info("added worker %s at %s: model %s, page size %d, %d DP rank(s), Θ = %.3g FLOPs (%s)%s",
                      worker.id, url, info.model_name, worker.page_size, len(worker.slots), worker.theta,
@@ -202,8 +205,14 @@ class WorkerPool:
         if not self.workers:
             self._reference = None
             self.tokenizer = None
-            self.limits = RequestLimits(self.cfg.max_prompts, self.cfg.max_request_tokens)
+            self.limits = self.flag_limits()
         return worker
+
+    def flag_limits(self) -> RequestLimits:
+        """The request limits the router's flags set (the model's shape is added when a worker joins)."""
+        c = self.cfg
+        return RequestLimits(c.max_prompts, c.max_request_tokens, max_n=c.max_n, max_grammar_chars=c.max_grammar_chars,
+                             max_grammar_depth=c.max_grammar_depth)
 
     async def close(self) -> None:
         for worker_id in list(self.workers):

@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import orjson
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 from doubles.stand_in import StandIn, tokenizer_dir
@@ -159,6 +160,78 @@ def test_prompt_count_and_token_limits(setup: Setup):
     assert status == 200
 
 
+def test_parallel_samples_are_capped_before_tokenizing(setup: Setup):
+    """``n`` over ``--max-n``, or ``n`` x prompts over ``--max-prompts``: 400 naming the flag, no worker sees it,
+    and before the prompt is tokenized (a text far over ``--max-request-tokens`` still gets the ``n`` answer)."""
+    client = setup.client("samples", max_n=4, max_prompts=10, max_request_tokens=50)
+    before = received(setup)
+    cases = [
+        ("/generate", {"text": "hello", "sampling_params": {"n": 100_000, "max_new_tokens": 1}}, "sampling_params.n",
+         "--max-n"),
+        ("/generate", {"text": "z" * 1_000_000, "sampling_params": {"n": 5}}, "sampling_params.n", "--max-n"),
+        ("/generate", {"input_ids": [1, 2], "sampling_params": {"beam_width": 9}}, "sampling_params.beam_width",
+         "--max-n"),
+        ("/generate", {"text": ["a", "b", "c"], "sampling_params": {"n": 4}}, "sampling_params.n", "--max-prompts"),
+        ("/generate", {"text": ["a", "b", "c"], "sampling_params": [{"n": 4}] * 3}, "sampling_params.n",
+         "--max-prompts"),
+        ("/generate", {"text": "a", "sampling_params": {"n": "3"}}, "sampling_params.n", "positive integer"),
+        ("/generate", {"text": "a", "sampling_params": {"n": 0}}, "sampling_params.n", "positive integer"),
+        ("/v1/completions", {"prompt": "a", "n": 5}, "n", "--max-n"),
+        ("/v1/completions", {"prompt": "a", "best_of": 50}, "best_of", "--max-n"),
+        ("/v1/completions", {"prompt": ["a", "b", "c"], "n": 4}, "n", "--max-prompts"),
+        ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "n": 5}, "n", "--max-n"),
+    ]
+    for path, body, param, flag in cases:
+        t0 = time.perf_counter()
+        status, answer, _ = setup.call(client, "POST", path, json=body)
+        assert status == 400 and answer["error"]["param"] == param and flag in answer["error"]["message"], answer
+        assert time.perf_counter() - t0 < 1.0
+    assert received(setup) == before
+    for path, body in (("/generate", {"text": ["a", "b"], "sampling_params": {"n": 4, "max_new_tokens": 1}}),
+                       ("/v1/completions", {"prompt": "a", "n": 4, "max_tokens": 1})):
+        status, answer, _ = setup.call(client, "POST", path, json=body)
+        assert status == 200, answer
+
+
+def test_grammars_are_bounded_in_size_and_depth_before_dispatch(setup: Setup):
+    client = setup.client("grammars", max_grammar_chars=2000, max_grammar_depth=8)
+    before = received(setup)
+    deep = "(" * 3000 + "a" + ")" * 3000
+    schema = {"type": "object", "properties": {"a": {"type": "string"}}}
+    nested: dict = {"type": "string"}
+    for _ in range(10):
+        nested = {"type": "object", "properties": {"x": nested}}
+    chat = {"messages": [{"role": "user", "content": "hi"}]}
+    cases = [
+        ("/generate", {"text": "a", "sampling_params": {"regex": deep}}, "sampling_params.regex",
+         "--max-grammar-chars"),
+        ("/generate", {"text": "a", "sampling_params": {"regex": "(" * 9 + "a" + ")" * 9}}, "sampling_params.regex",
+         "--max-grammar-depth"),
+        ("/generate", {"text": "a", "sampling_params": {"json_schema": "x" * 2001}}, "sampling_params.json_schema",
+         "--max-grammar-chars"),
+        ("/generate", {"text": ["a", "b"], "sampling_params": [{}, {"ebnf": 'root ::= ' + "(" * 9 + '"a"' + ")" * 9}]},
+         "sampling_params.ebnf", "--max-grammar-depth"),
+        ("/generate", {"text": "a", "sampling_params": {"stop_regex": ["ok", "b" * 2001]}},
+         "sampling_params.stop_regex", "--max-grammar-chars"),
+        ("/v1/completions", {"prompt": "a", "regex": "(" * 9 + ")" * 9}, "regex", "--max-grammar-depth"),
+        ("/v1/completions", {"prompt": "a", "json_schema": "[" * 9 + "]" * 9}, "json_schema", "--max-grammar-depth"),
+        ("/v1/chat/completions", {**chat, "response_format": {"type": "json_schema", "json_schema": {
+            "name": "n", "schema": nested}}}, "response_format", "--max-grammar-depth"),
+        ("/v1/chat/completions", {**chat, "ebnf": "root ::= " + '"a" ' * 1000}, "ebnf", "--max-grammar-chars"),
+    ]
+    for path, body, param, flag in cases:
+        status, answer, _ = setup.call(client, "POST", path, json=body)
+        assert status == 400 and answer["error"]["param"] == param and flag in answer["error"]["message"], answer
+    assert received(setup) == before
+    fine = [("/generate", {"text": "a", "sampling_params": {"regex": r"\(?[0-9]{3}\)?-[0-9]{4}", "max_new_tokens": 1}}),
+            ("/generate", {"text": "a", "sampling_params": {"json_schema": orjson.dumps(schema).decode()}}),
+            ("/v1/chat/completions", {**chat, "response_format": {"type": "json_schema", "json_schema": {
+                "name": "n", "schema": schema}}})]
+    for path, body in fine:
+        status, answer, _ = setup.call(client, "POST", path, json=body)
+        assert status == 200, answer
+
+
 def test_health_answers_while_a_large_request_is_tokenized(setup: Setup):
     """A large body is tokenized off the event loop: /health answers in well under the tokenization time."""
     client = setup.client("open")
@@ -258,6 +331,23 @@ def test_suspect_list_expires_and_is_bounded():
     for key, t in ((a, 200.0), (b, 201.0), (c, 202.0)):
         suspects.add(key, Suspect("r", "w0", at=t))
     assert len(suspects) == 2 and suspects.find(a, now=203.0) is None
+
+
+def test_a_suspect_is_cleared_by_a_run_alone_or_convicted_by_a_second_death():
+    """Suspects are no longer refused: only one whose run alone killed a second worker is (``test_quarantine``)."""
+    suspects = SuspectList(ttl_s=10)
+    a, b = (SuspectList.fingerprint("/generate", x) for x in (b"a", b"b"))
+    suspects.add(a, Suspect("r1", "w0", at=100.0))
+    suspects.add(b, Suspect("r2", "w0", at=100.0))
+    assert not suspects.find(a, now=101.0).poison
+    suspects.clear(a)
+    assert suspects.find(a, now=101.0) is None and suspects.cleared == 1
+    poison = suspects.convict(b, "r3", "w1", now=105.0)
+    assert (poison.poison, poison.worker_id, poison.first_worker_id) == (True, "w1", "w0")
+    suspects.clear(b)  # poison stays poison
+    suspects.add(b, Suspect("r4", "w2", at=106.0))
+    assert suspects.find(b, now=114.0).poison  # the TTL runs from the conviction
+    assert suspects.find(b, now=115.0) is None
 
 
 # -- slow clients --------------------------------------------------------------------------------------------

@@ -72,6 +72,13 @@ def stand_in(tok_dir: Path, mode: str, received: list[dict]) -> web.Application:
         received.append(orjson.loads(await request.read()))
         return web.json_response({"text": "x", "output_ids": [5], "meta_info": {"prompt_tokens": 1}})
 
+    async def score(request: web.Request) -> web.Response:
+        body = orjson.loads(await request.read())
+        received.append(body)
+        lps = [[-1.0 - k for k, _ in enumerate(labels)] for labels in body["label_token_ids"]]
+        top = [[0.5 ** (k + 1) for k, _ in enumerate(labels)] for labels in body["label_token_ids"]]
+        return web.json_response({"scores": top, "token_logprobs": lps, "object": "scoring"})
+
     async def get_info(request: web.Request) -> web.Response:
         return web.Response(body=wire.encode(info), content_type="application/json")
 
@@ -89,12 +96,13 @@ def stand_in(tok_dir: Path, mode: str, received: list[dict]) -> web.Application:
     app.router.add_get("/sgl_moe/tokenizer/{name:.+}", tokenizer_file)
     app.router.add_get("/health", health)
     app.router.add_post("/generate", generate)
+    app.router.add_post("/v1/score", score)
     if mode != "missing":
         app.router.add_post("/v1/tokenize", tokenize)
     return app
 
 
-async def scenario(tok_dir: Path, mode: str) -> dict[str, Any]:
+async def scenario(tok_dir: Path, mode: str, classify: list[dict] | None = None) -> dict[str, Any]:
     received: list[dict] = []
     worker = TestServer(stand_in(tok_dir, mode, received))
     await worker.start_server()
@@ -110,8 +118,12 @@ async def scenario(tok_dir: Path, mode: str) -> dict[str, Any]:
         listing = await (await client.get("/workers")).json()
         gen = await client.post("/generate", json={"text": "Hello there", "sampling_params": {"max_new_tokens": 1}})
         metrics = await (await client.get("/metrics")).text()
+        answers = []
+        for body in classify or []:
+            r = await client.post("/v1/classify", json=body)
+            answers.append((r.status, await r.json()))
         return {"check": listing["workers"][0]["tokenizer_check"], "exact": router.pool.tokenizer.exact,
-                "generate_status": gen.status, "received": received, "metrics": metrics}
+                "generate_status": gen.status, "received": received, "metrics": metrics, "classify": answers}
     finally:
         await client.close()
         await worker.close()
@@ -167,3 +179,27 @@ def test_the_probe_set_covers_what_the_issue_lists() -> None:
     assert 1800 <= len(LONG_TEXT.split()) <= 2600
     assert {"cjk", "emoji", "accents", "whitespace", "code", "long"} <= {n for n, _ in PROBE_TEXTS}
     assert PROBE_MESSAGES[-1]["role"] == "user"
+
+
+def test_classify_sends_text_to_score_when_the_router_tokenizer_is_not_exact(tok_dir: Path) -> None:
+    """After a mismatch the router cannot build the worker's ids, so ``/v1/classify`` sends the prompt (or the
+    rendered chat) as text and lets the worker tokenize it, instead of answering 501 itself."""
+    tok = RouterTokenizer.from_dir(tok_dir)
+    one, other, multi = " the", " no", " absolutely"
+    assert len(tok.encode_plain(one)) == len(tok.encode_plain(other)) == 1 < len(tok.encode_plain(multi))
+    bodies = [{"prompt": "Is this good?", "labels": [one, other]},
+              {"prompt": "Pick one.", "labels": [multi, other]},
+              {"messages": [{"role": "user", "content": "Good?"}], "labels": [one, other]},
+              {"input_ids": [5, 6, 7], "labels": [one, other]}]
+    got = asyncio.run(scenario(tok_dir, "changed", bodies))
+    assert got["exact"] is False
+    assert [status for status, _ in got["classify"]] == [200] * len(bodies), got["classify"]
+    assert all(answer["results"][0]["label"] in (one, other, multi) for _, answer in got["classify"])
+    scores = [b for b in got["received"] if "items" in b]
+    assert scores[0]["query"] == "Is this good?" and scores[0]["items"] == [""]
+    assert scores[0]["label_token_ids"] == [tok.encode_plain(one) + tok.encode_plain(other)]
+    first = tok.encode_plain(multi)[0]
+    # a label's later tokens follow its prefix, written back as text
+    assert scores[1]["query"] == "Pick one." and scores[1]["items"][:2] == ["", tok.decode([first])]
+    assert scores[2]["query"] == "<|im_start|>user\nGood?<|im_end|>\n<|im_start|>assistant\n"
+    assert scores[3]["query"] == [5, 6, 7]  # the client's own ids go as they are
