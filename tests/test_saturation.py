@@ -40,3 +40,15 @@ def test_fixed_and_manual():
     assert fixed.flops == pytest.approx(7.5e11) and fixed.state == "fixed" and "4096-token" in fixed.source
     manual = saturation.manual(3e9)
     assert manual.to_dict() == {"flops": 3e9, "source": "manual (--moe-saturation-flops)", "state": "manual"}
+
+
+def test_request_overhead_beyond_a_plausible_size_is_noise():
+    """Timings 0.1% apart (noise on a loaded host) give no overhead rather than a huge one: a / b blows up as the
+    two times meet (a profile run into traffic once published 1,500 x its prompt's FLOPs per request)."""
+    f_long, f_short = 3e8, 4e7
+    assert saturation.request_overhead((f_long, 0.01001), (f_short, 0.010)) is None
+    measured = saturation.request_overhead((f_long, 0.012), (f_short, 0.0057))  # the shipped model at 8 in flight
+    assert measured is not None and 0 < measured < 2 * f_long
+    # Fixed cost four times the compute of the longer request: a real figure, kept.
+    assert saturation.request_overhead((f_long, 5e-3), (f_short, 4e-3 + 1e-3 * f_short / f_long)) == \
+        pytest.approx(4 * f_long)

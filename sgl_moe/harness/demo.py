@@ -19,6 +19,7 @@ from pathlib import Path
 import httpx
 
 from sgl_moe.harness.worker_process import WorkerProcess, WorkerStartError, cpu_share
+from sgl_moe.wire import TOKENIZER_PATH
 
 SHARED_PREFIX = '"""Utilities for working with files and paths."""\n\nimport os\nimport sys\n\n\n'
 EXAMPLES: list[tuple[str, list[str]]] = [
@@ -40,10 +41,18 @@ def _label_ids(tokenizer, labels: list[str]) -> list[int]:
     return ids
 
 
-def run_demo(url: str, info: dict) -> None:
+def fetch_tokenizer(worker_url: str):
+    """The worker's tokenizer, read the way any client reads it: from the worker's public route (its info names
+    the model folder by its base name only, which means nothing on this machine)."""
     from tokenizers import Tokenizer
 
-    tokenizer = Tokenizer.from_file(str(Path(info["tokenizer"]["path"]) / "tokenizer.json"))
+    resp = httpx.get(worker_url + TOKENIZER_PATH, timeout=30.0)
+    if resp.status_code != 200:
+        raise SystemExit(f"GET {worker_url}{TOKENIZER_PATH} answered {resp.status_code}: {resp.text[:300]}")
+    return Tokenizer.from_str(resp.text)
+
+
+def run_demo(url: str, info: dict, tokenizer) -> None:
     print(f"\nworker: {info['model_name']} on {info['device']}, page size {info['page_size']}, "
           f"KV events {info['kv_events'][0]['endpoint'] if info['kv_events'] else 'off'}")
     print(f"FLOPs per prompt token: {info['flops']['linear_flops_per_token'] / 1e6:.2f} M linear "
@@ -134,7 +143,7 @@ def main(argv: list[str] | None = None) -> int:
         with router.start():
             router.wait_ready()
             print(f"router ready at {router.url} (policy longest_block_match; log: {router.log_path})")
-            run_demo(router.url, infos[0])
+            run_demo(router.url, infos[0], fetch_tokenizer(workers[0].url))
             with httpx.Client(timeout=10) as client:
                 for w in client.get(f"{router.url}/workers").json()["workers"]:
                     print(f"  {w['id']} {w['url']}: {w['counters']['requests']} requests, "

@@ -24,6 +24,7 @@ from sgl_moe.wire import (
 )
 from sgl_moe.worker.args import MoeArgs
 from sgl_moe.worker.info import build_info, public_view, with_saturation
+from sgl_moe.worker.readiness import Readiness, ReadinessGate
 from sgl_moe.worker.theta_calibration import Calibrator, Keys, ThroughputCalibrator, WorkerShape
 
 
@@ -45,24 +46,29 @@ def _context_length(resolved: int | None, hf_config: dict[str, Any]) -> int:
 
 
 def _theta_source(moe: MoeArgs, profile_dir: str | None, base_url: str, shape,
-                  keys: Keys) -> Callable[[], SaturationThreshold]:
+                  keys: Keys, readiness: Readiness) -> Callable[[], SaturationThreshold]:
     """Θ as it stands: manual; the streaming calibrator's or the throughput profile's current value (each
-    reports the fallback with state ``calibrating`` until it ends); or fixed (Eq. 3 without transfer) when
-    the profile is off."""
+    reports the fallback with state ``calibrating`` until it ends, and opens ``readiness`` then); or fixed (Eq. 3
+    without transfer) when the profile is off (ready as soon as SGLang is)."""
     if moe.saturation_flops is not None:
         fixed = saturation.manual(moe.saturation_flops)
+        readiness.open("Θ given by --moe-saturation-flops: no start-up profile")
         return lambda: fixed
     if (not moe.streaming or profile_dir is None) and moe.theta_profile:
-        profiler = ThroughputCalibrator(base_url, shape, moe.saturation_margin, moe.calibration_timeout_s, keys)
+        profiler = ThroughputCalibrator(base_url, shape, moe.saturation_margin, moe.calibration_timeout_s, keys,
+                                        readiness)
         profiler.start()
         return profiler.current
     if not moe.streaming or profile_dir is None:
+        readiness.open("--no-moe-theta-profile: Θ from the step size, no start-up profile")
+
         def fixed_theta() -> SaturationThreshold:
             s = shape()
             return saturation.without_transfer(s.flops.request_flops(0, s.step_tokens), s.step_tokens,
                                                moe.saturation_margin)
         return fixed_theta
-    calibrator = Calibrator(base_url, profile_dir, shape, moe.saturation_margin, moe.calibration_timeout_s, keys)
+    calibrator = Calibrator(base_url, profile_dir, shape, moe.saturation_margin, moe.calibration_timeout_s, keys,
+                            readiness)
     calibrator.start()
     return calibrator.current
 
@@ -117,7 +123,8 @@ def _curve_public_key(moe: MoeArgs) -> str | None:
 def install_routes(server_args, moe: MoeArgs, device: str, profile_dir: str | None = None) -> None:
     """Register the routes; the info payload is built on first request, after SGLang resolved its args.
 
-    With weight streaming on, a calibration thread starts here and profiles the worker once it is healthy."""
+    A Θ profile (or, with weight streaming, the calibration) starts here in a thread and runs once SGLang is
+    healthy; ``ReadinessGate`` keeps ``/health`` at 503 until it ends (``readiness``)."""
     from fastapi import Request
     from fastapi.responses import FileResponse, JSONResponse, Response
     from sglang.srt.arg_groups.overrides import resolving_view
@@ -145,7 +152,10 @@ def install_routes(server_args, moe: MoeArgs, device: str, profile_dir: str | No
         a = resolving_view(server_args)
         return a.api_key, a.admin_api_key
 
-    theta = _theta_source(moe, profile_dir, f"http://{host}:{server_args.port}", shape, keys)
+    # Outermost middleware: /health answers 503 until the start-up work (the Θ profile) is done.
+    readiness = Readiness()
+    app.add_middleware(ReadinessGate, readiness=readiness)
+    theta = _theta_source(moe, profile_dir, f"http://{host}:{server_args.port}", shape, keys, readiness)
 
     def info() -> wire.WorkerInfo:
         if "info" not in cache:

@@ -28,6 +28,8 @@ from sgl_moe import saturation
 from sgl_moe.flops import FlopsModel
 from sgl_moe.patches import profile_handshake
 from sgl_moe.saturation import CalibrationError, SaturationThreshold
+from sgl_moe.worker.host_load import HostLoad
+from sgl_moe.worker.readiness import Readiness
 
 log = logging.getLogger("sgl_moe.calibration")
 
@@ -51,19 +53,29 @@ def _no_keys() -> tuple[None, None]:
 
 
 class Calibrator:
+    """The streaming calibration; the worker's ``/health`` stays 503 (``readiness``) until it ends."""
+
     def __init__(self, base_url: str, profile_dir: str, shape: Callable[[], WorkerShape], margin: float,
-                 timeout_s: float, keys: Keys = _no_keys) -> None:
+                 timeout_s: float, keys: Keys = _no_keys, readiness: Readiness | None = None) -> None:
         self.base_url = base_url
         self._keys = keys
+        self.readiness = readiness if readiness is not None else Readiness()
         self.profile_dir = profile_dir
         self._shape = shape
         self.margin = margin
         self.timeout_s = timeout_s
         self.result: SaturationThreshold | None = None
-        self._thread = threading.Thread(target=self._run, name="sgl_moe-calibration", daemon=True)
+        self._thread = threading.Thread(target=self._run_then_open, name="sgl_moe-calibration", daemon=True)
 
     def start(self) -> None:
         self._thread.start()
+
+    def _run_then_open(self) -> None:
+        try:
+            self._run()
+        finally:
+            result = self.result
+            self.readiness.open(f"Θ {result.state}: {result.flops:.4g} FLOPs" if result else "Θ not set")
 
     def current(self) -> SaturationThreshold:
         """The calibrated Θ, or the fallback (state ``calibrating``) while the profile is pending."""
@@ -77,6 +89,7 @@ class Calibrator:
         deadline = time.monotonic() + self.timeout_s
         try:
             self._wait_healthy(deadline)
+            self.readiness.say("Θ calibration: one profiled forward")
             shape = self._shape()
             per_prompt = max(16, min(shape.step_tokens, shape.context_length - 8))
             prompts = max(1, shape.step_tokens // per_prompt)
@@ -98,9 +111,12 @@ class Calibrator:
             log.warning("Θ calibration failed: %s; keeping the fallback %.4g FLOPs", exc, fallback.flops)
 
     def _wait_healthy(self, deadline: float) -> None:
+        """Until SGLang's own ``/health`` answers 200 (its warm-up done); the gate lets this probe through."""
+        self.readiness.say("SGLang warming up")
         while time.monotonic() < deadline:
             try:
-                with urllib.request.urlopen(self.base_url + "/health", timeout=5) as resp:
+                req = urllib.request.Request(self.base_url + "/health", headers=self.headers())
+                with urllib.request.urlopen(req, timeout=5) as resp:
                     if resp.status == 200:
                         return
             except (urllib.error.URLError, OSError):
@@ -113,7 +129,8 @@ class Calibrator:
         without one); on admin routes (``/flush_cache``) its --admin-api-key, else its --api-key."""
         api_key, admin_key = self._keys()
         key = (admin_key or api_key) if admin else api_key
-        return {"Content-Type": "application/json", **({"Authorization": f"Bearer {key}"} if key else {})}
+        return {"Content-Type": "application/json", **self.readiness.own_headers(),
+                **({"Authorization": f"Bearer {key}"} if key else {})}
 
     def _post(self, path: str, body: dict, deadline: float, *, admin: bool = False) -> None:
         req = urllib.request.Request(self.base_url + path, data=json.dumps(body).encode(),
@@ -143,6 +160,15 @@ PROFILE_REPEATS = 2
 PROFILE_ATTEMPTS = 3
 """Whole profiles tried before a non-monotone result (the host's other load) is given up on."""
 PROFILE_RETRY_PAUSE_S = 5.0
+QUIET_HOST_FRACTION = 0.25
+"""A profile counts as disturbed when processes outside the worker used more than this fraction of the host's
+cores on average while it ran (``HostLoad``); before each attempt the profile waits for a window that quiet."""
+QUIET_WAIT_S = 120.0
+"""The longest a profile waits for a quiet host before it runs anyway (and is then likely disturbed)."""
+
+
+class ProfileDisturbed(CalibrationError):
+    """The profile measured more than this worker: other requests or other processes' CPU during it."""
 
 
 PROFILE_LOCK = Path(tempfile.gettempdir()) / "sgl_moe_theta_profile.lock"
@@ -178,18 +204,26 @@ class ThroughputCalibrator(Calibrator):
     same way. Then it flushes the prefix cache of the random prompts. Workers on one host profile one at a time
     (``PROFILE_LOCK``), so none measures another's profile; each level is timed ``PROFILE_REPEATS`` times and the
     fastest kept, and a profile that is still not monotone (a sibling worker loading its model meanwhile) is run
-    again, up to ``PROFILE_ATTEMPTS`` times. A few seconds on an idle host; a worker given
-    ``--moe-saturation-flops`` or ``--no-moe-theta-profile`` skips it.
+    again, up to ``PROFILE_ATTEMPTS`` times. A profile during which anyone else sent the worker work
+    (``Readiness.foreign_requests``) or other processes kept more than ``QUIET_HOST_FRACTION`` of the host's cores
+    busy (``HostLoad``) is disturbed: it is run again after the host is quiet, and after ``PROFILE_ATTEMPTS``
+    disturbed ones the fallback is kept with state ``disturbed`` (a noisy Θ is worse than the fallback: once
+    one ran into traffic and published 437 x the fallback). The worker's ``/health`` answers 503 until the
+    profile ends (``readiness``), so no router sends it traffic meanwhile, and its cache flush never drops a
+    user's prefix. Tens of seconds on an idle 2-core host; a worker given ``--moe-saturation-flops`` or
+    ``--no-moe-theta-profile`` skips it.
     """
 
     def __init__(self, base_url: str, shape: Callable[[], WorkerShape], margin: float, timeout_s: float,
-                 keys: Keys = _no_keys) -> None:
-        super().__init__(base_url, "", shape, margin, timeout_s, keys)
+                 keys: Keys = _no_keys, readiness: Readiness | None = None, host: HostLoad | None = None) -> None:
+        super().__init__(base_url, "", shape, margin, timeout_s, keys, readiness)
+        self.host = host if host is not None else HostLoad()
 
     def _run(self) -> None:
         deadline = time.monotonic() + self.timeout_s
         try:
             self._wait_healthy(deadline)
+            self.readiness.say("Θ throughput profile: waiting for the host's other workers to finish theirs")
             with _host_profile_lock():
                 self._profile(deadline)
         except Exception as exc:  # noqa: BLE001 - a failed profile keeps the fallback and says why
@@ -245,25 +279,46 @@ class ThroughputCalibrator(Calibrator):
         # offers more prompt tokens than the pool has.
         levels = [c for c in (2 ** i for i in range(PROFILE_MAX_CONCURRENCY.bit_length()))
                   if c <= PROFILE_MAX_CONCURRENCY and (c == 1 or not pool_tokens or c * per_prompt <= pool_tokens)]
+        limit = QUIET_HOST_FRACTION * self.host.cores
+        self.readiness.say("Θ throughput profile: warming up each batch shape")
         for c in levels:  # warm-up, untimed: a CPU backend builds its kernels on the first batch of each shape
             level_seconds(c, repeats=1, rounds=1)
         for attempt in range(1, PROFILE_ATTEMPTS + 1):
-            points = [(c, level_seconds(c)) for c in levels]
+            quiet = self.host.wait_quiet(limit, min(QUIET_WAIT_S, max(0.0, deadline - time.monotonic() - 60)))
+            if quiet > limit:
+                log.info("the host stayed busy (%.2f cores outside this worker) for %.0f s; profiling anyway",
+                         quiet, QUIET_WAIT_S)
+            self.readiness.say(f"Θ throughput profile: attempt {attempt} of {PROFILE_ATTEMPTS}, levels {levels}")
+            foreign_before, load_start = self.readiness.foreign_requests, self.host.sample()
             try:
-                knee = saturation.from_throughput(points, prompt_flops, per_prompt, self.margin, 0.0)
-                overhead, why = self._overhead(knee.details["saturation_batch"], dict(points), level_seconds,
-                                               shape.flops, per_prompt)
-                self._flush(deadline)
-                result = saturation.from_throughput(points, prompt_flops, per_prompt, self.margin,
-                                                    time.monotonic() - t_start, overhead_flops=overhead)
+                points = [(c, level_seconds(c)) for c in levels]
+                try:
+                    knee = saturation.from_throughput(points, prompt_flops, per_prompt, self.margin, 0.0)
+                    overhead, why = self._overhead(knee.details["saturation_batch"], dict(points), level_seconds,
+                                                   shape.flops, per_prompt)
+                    result = saturation.from_throughput(points, prompt_flops, per_prompt, self.margin,
+                                                        time.monotonic() - t_start, overhead_flops=overhead)
+                    failure = None
+                except saturation.CalibrationError as exc:
+                    failure = exc
+                # Checked first: a non-monotone profile is most often the other load's doing.
+                disturbed = self._disturbance(foreign_before, load_start, limit)
+                if disturbed:
+                    raise ProfileDisturbed(disturbed)
+                if failure is not None:
+                    raise failure
             except saturation.CalibrationError as exc:
                 self._flush(deadline)
                 if attempt == PROFILE_ATTEMPTS or time.monotonic() + PROFILE_RETRY_PAUSE_S >= deadline:
+                    if isinstance(exc, ProfileDisturbed):
+                        self._keep_fallback_disturbed(str(exc), attempt)
+                        return
                     raise CalibrationError(f"{exc}; {attempt} profile(s) tried") from None
                 log.info("Θ profile %d of %d not usable (%s); again in %.0f s", attempt, PROFILE_ATTEMPTS, exc,
                          PROFILE_RETRY_PAUSE_S)
                 time.sleep(PROFILE_RETRY_PAUSE_S)
                 continue
+            self._flush(deadline)
             self.result = replace(result, details={**result.details, "profile_attempts": attempt,
                                                    "kv_pool_tokens": pool_tokens,
                                                    "overhead_prompt_tokens": OVERHEAD_PROMPT_TOKENS})
@@ -271,6 +326,25 @@ class ThroughputCalibrator(Calibrator):
                 log.info("request overhead not measured: %s", why)
             log.info("Θ = %.4g FLOPs: %s", self.result.flops, self.result.source)
             return
+
+    def _disturbance(self, foreign_before: int, load_start, limit: float) -> str | None:
+        """Why the attempt that started at ``load_start`` measured more than this worker, or None."""
+        foreign = self.readiness.foreign_requests - foreign_before
+        cores = self.host.foreign_cores(load_start, self.host.sample())
+        parts = []
+        if foreign:
+            parts.append(f"{foreign} request(s) from elsewhere arrived during the profile")
+        if cores > limit:
+            parts.append(f"other processes used {cores:.2f} of the host's {self.host.cores} cores (limit {limit:.2f})")
+        return "; ".join(parts) or None
+
+    def _keep_fallback_disturbed(self, last: str, attempts: int) -> None:
+        fallback = self.current()
+        why = (f"the throughput profile was disturbed ({attempts} tried; the last: {last}); kept the fallback: "
+               f"{fallback.source}")
+        self.result = SaturationThreshold(fallback.flops, why, "disturbed",
+                                          {**fallback.details, "profile_attempts": attempts})
+        log.warning("Θ: %s", why)
 
     @staticmethod
     def _overhead(batch: int, points: dict[int, float], level_seconds: Callable[..., float], flops: FlopsModel,

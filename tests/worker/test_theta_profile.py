@@ -18,6 +18,7 @@ from sgl_moe.router.worker import Worker
 from sgl_moe.saturation import CalibrationError
 from sgl_moe.wire import SaturationInfo, WorkerInfo
 from sgl_moe.worker.info import with_saturation
+from sgl_moe.worker.readiness import Readiness
 from sgl_moe.worker.theta_calibration import ThroughputCalibrator, WorkerShape
 
 FLOPS = FlopsModel(linear_flops_per_token=1000.0, attn_flops_per_pair=10.0, lm_head_flops_per_token=100.0,
@@ -125,7 +126,8 @@ def test_profile_finds_the_knee_reports_it_and_the_router_installs_it():
     _StandIn.seen = []
     try:
         shape = WorkerShape(FLOPS, step_tokens=4096, context_length=4096, vocab_size=4096)
-        cal = ThroughputCalibrator(f"http://127.0.0.1:{server.server_address[1]}", lambda: shape, 1.0, 120.0)
+        cal = ThroughputCalibrator(f"http://127.0.0.1:{server.server_address[1]}", lambda: shape, 1.0, 120.0,
+                                   host=_Host([]))
         assert cal.current().state == "calibrating"  # the fallback until the profile ends
         cal.start()
         cal._thread.join(120)
@@ -154,7 +156,36 @@ def test_profile_finds_the_knee_reports_it_and_the_router_installs_it():
     assert w.request_overhead_flops == pytest.approx(overhead) and info.saturation.overhead_prompt_tokens == 32
 
 
-def _profile_with(monkeypatch, outcomes: list[bool], keys=None) -> tuple:
+class _Host:
+    """A ``HostLoad`` whose foreign load is planted: ``loads[n]`` cores during the n-th attempt, then none (the
+    tests check the profile's logic, not this machine's other load)."""
+
+    cores = 2
+
+    def __init__(self, loads: list[float]) -> None:
+        self.loads = list(loads)
+        self.attempts = 0
+
+    def wait_quiet(self, limit_cores: float, timeout_s: float) -> float:
+        return 0.0
+
+    def sample(self) -> int:
+        return 0
+
+    def foreign_cores(self, start, end) -> float:
+        self.attempts += 1
+        return self.loads[self.attempts - 1] if self.attempts <= len(self.loads) else 0.0
+
+
+class _Recorder(Readiness):
+    """Readiness that notes when it opens among the stand-in's requests."""
+
+    def open(self, why: str) -> None:
+        _StandIn.seen.append("ready")
+        super().open(why)
+
+
+def _profile_with(monkeypatch, outcomes: list[bool], keys=None, host=None, readiness=None) -> tuple:
     """Run the profile against the stand-in; the n-th whole profile is usable iff ``outcomes[n]``."""
     from sgl_moe.worker import theta_calibration
 
@@ -178,7 +209,8 @@ def _profile_with(monkeypatch, outcomes: list[bool], keys=None) -> tuple:
     try:
         shape = WorkerShape(FLOPS, step_tokens=4096, context_length=4096, vocab_size=4096)
         cal = ThroughputCalibrator(f"http://127.0.0.1:{server.server_address[1]}", lambda: shape, 1.0, 60.0,
-                                   **({"keys": keys} if keys else {}))
+                                   **({"keys": keys} if keys else {}), readiness=readiness,
+                                   host=host if host is not None else _Host([]))
         cal.start()
         cal._thread.join(120)
         assert not cal._thread.is_alive(), "the profile did not end"
@@ -222,3 +254,56 @@ def test_a_profile_the_worker_refuses_fails_at_once_and_says_why(monkeypatch):
     t0 = time.monotonic()
     theta, calls = _profile_with(monkeypatch, [True], keys=lambda: ("wrong", "wrong"))
     assert theta.state == "failed" and "401" in theta.source and time.monotonic() - t0 < 30
+
+
+def test_the_worker_is_ready_only_after_the_profile_and_its_flush():
+    """``/health`` stays 503 (the readiness closed) through the profile; it opens after the flush of the profile's
+    prompts, so no user prefix cached after the first 200 is flushed by the profile."""
+    readiness = _Recorder()
+    server = _Server(("127.0.0.1", 0), _StandIn)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    _StandIn.seen = []
+    try:
+        shape = WorkerShape(FLOPS, step_tokens=4096, context_length=4096, vocab_size=4096)
+        cal = ThroughputCalibrator(f"http://127.0.0.1:{server.server_address[1]}", lambda: shape, 1.0, 120.0,
+                                   readiness=readiness, host=_Host([0.0]))
+        cal.start()
+        time.sleep(0.5)
+        assert not readiness.ready and "profile" in readiness.status
+        cal._thread.join(120)
+    finally:
+        server.shutdown()
+    assert readiness.ready and cal.current().state == "calibrated"
+    assert _StandIn.seen[-2:] == ["/flush_cache", "ready"]
+
+
+def test_a_disturbed_profile_is_run_again(monkeypatch):
+    host = _Host([1.5, 0.1])  # the first attempt shared the host with 1.5 busy cores elsewhere
+    theta, calls = _profile_with(monkeypatch, [True, True], host=host)
+    assert len(calls) == 2 and host.attempts == 2
+    assert theta.state == "calibrated" and theta.details["profile_attempts"] == 2
+
+
+def test_a_profile_disturbed_every_time_keeps_the_fallback_and_says_so(monkeypatch):
+    """The fallback, with state ``disturbed`` and the reason, never the noisy figure; the worker opens anyway."""
+    from sgl_moe.worker import theta_calibration
+
+    attempts = theta_calibration.PROFILE_ATTEMPTS
+    readiness = Readiness()
+    theta, calls = _profile_with(monkeypatch, [True] * attempts, host=_Host([1.5] * attempts), readiness=readiness)
+    assert theta.state == "disturbed" and "1.50 of the host's 2 cores" in theta.source
+    assert theta.flops == pytest.approx(FLOPS.request_flops(0, 4096)) and readiness.ready
+
+
+def test_requests_from_elsewhere_during_the_profile_disturb_it(monkeypatch):
+    """A client that sends work while the worker is not ready (the gate counts it) spoils that attempt."""
+    readiness = Readiness()
+    planted = iter([3, 0])
+
+    class _Counting(_Host):
+        def sample(self) -> int:  # called at each attempt's start: plant foreign requests into the first
+            readiness.foreign_requests += next(planted, 0)
+            return 0
+
+    theta, calls = _profile_with(monkeypatch, [True, True], host=_Counting([0.0, 0.0]), readiness=readiness)
+    assert len(calls) == 2 and theta.details["profile_attempts"] == 2
