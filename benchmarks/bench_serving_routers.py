@@ -2,6 +2,10 @@
 
     .venv/bin/python benchmarks/bench_serving_routers.py --worker-urls URL [URL ...] [--repeats 2] [--out F.json]
 
+Smallest run (what CI runs): ``--repeats 1 --routers longest_block_match cache_aware --groups 2
+--prompts-per-group 2 --system-len 32 --question-len 8 --concurrency 4``; about a minute on 2 cores, most of it
+the two ``sglang.bench_serving`` interpreters importing sglang (~18 s each).
+
 A workload nobody here wrote: ``generated-shared-prefix`` (Zipf-popular system-prompt groups, one output token:
 prefill-only), all requests offered at once with ``--max-concurrency`` in flight. Before each router the workers'
 caches are flushed and the router is started fresh; the routers' order rotates between repeats. Reports
@@ -16,8 +20,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import httpx
+
 from sgl_moe import DEFAULT_MODEL_DIR
-from sgl_moe.policy_bench.routers import RouterUnderTest, flush_caches, label
+from sgl_moe.policy_bench.routers import POLICIES, RouterUnderTest, flush_caches, label
 
 ROUTERS = ["longest_block_match", "cache_aware", "round_robin"]
 FIELDS = ("completed", "request_throughput", "input_throughput", "mean_e2e_latency_ms", "p99_e2e_latency_ms",
@@ -39,7 +45,7 @@ def bench_args(args: argparse.Namespace, url: str, out: Path) -> list[str]:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--worker-urls", nargs="+", required=True)
-    p.add_argument("--routers", nargs="+", default=ROUTERS)
+    p.add_argument("--routers", nargs="+", default=ROUTERS, choices=POLICIES)
     p.add_argument("--repeats", type=int, default=2)
     p.add_argument("--groups", type=int, default=48)
     p.add_argument("--prompts-per-group", type=int, default=12)
@@ -51,12 +57,21 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--log-dir", type=Path, default=Path(".work/logs/bench-serving"))
     p.add_argument("--out", type=Path)
     args = p.parse_args(argv)
+    if min(args.repeats, args.groups, args.prompts_per_group, args.system_len, args.question_len,
+           args.concurrency) < 1:
+        p.error("--repeats, --groups, --prompts-per-group, --system-len, --question-len and --concurrency must be "
+                "positive")
     args.log_dir.mkdir(parents=True, exist_ok=True)
     results: dict[str, list[dict]] = {}
     for rep in range(args.repeats):
         order = args.routers[rep % len(args.routers):] + args.routers[:rep % len(args.routers)]
         for policy in order:
-            flush_caches(args.worker_urls)
+            try:
+                flush_caches(args.worker_urls)
+            except (httpx.RequestError, RuntimeError) as exc:  # a worker not up, or busy: one line
+                url = exc.request.url if isinstance(exc, httpx.RequestError) else ""
+                print(f"bench_serving_routers: cannot flush the workers' caches: {url} {exc}", file=sys.stderr)
+                return 1
             router = RouterUnderTest(policy, args.worker_urls, args.log_dir / f"router-{policy}-{rep}.log")
             out = args.log_dir / f"{policy}-{rep}.jsonl"
             out.unlink(missing_ok=True)

@@ -10,6 +10,9 @@ continuation; TPOT = (t_N − t_1) / (N − 1). Reports median TPOT and its rati
 equal plain's (and the mean position of the first difference), and the worker's offload counts from
 ``/sgl_moe/info`` (hits, misses after layer 0, experts copied, bytes moved). On a CPU the host store and the
 "device" buffer are both RAM: the timing is the engine's overhead, the counts are what carries to a GPU.
+
+Smallest run (seconds once the workers are up; what CI runs): ``--prompts 2 --chars 200 --new-tokens 4``
+(prompt 1 warms up, prompt 2 is timed).
 """
 
 from __future__ import annotations
@@ -45,19 +48,12 @@ def _prompts(n: int, chars: int) -> list[str]:
 
 def _offload_counts(client: httpx.Client, url: str) -> dict:
     info = client.get(f"{url}/sgl_moe/info").json()
-    return info.get("offload", {}).get("counts", {})
+    return (info.get("offload") or {}).get("counts") or {}  # none: a worker started without --moe-expert-offload
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--plain", required=True)
-    p.add_argument("--worker", action="append", default=[], metavar="NAME=URL")
-    p.add_argument("--prompts", type=int, default=12)
-    p.add_argument("--chars", type=int, default=600)
-    p.add_argument("--new-tokens", type=int, default=32)
-    args = p.parse_args(argv)
-    workers = {"plain": args.plain} | dict(w.split("=", 1) for w in args.worker)
-    prompts = _prompts(args.prompts, args.chars)
+def _measure(workers: dict[str, str], prompts: list[str], new_tokens: int):
+    """Per worker: TPOT of each timed prompt, greedy tokens equal to plain's, first difference; offload counts
+    before and after the run."""
     tpot: dict[str, list[float]] = {n: [] for n in workers}
     same: dict[str, list[int]] = {n: [] for n in workers}
     first_diff: dict[str, list[int]] = {n: [] for n in workers}
@@ -68,16 +64,39 @@ def main(argv: list[str] | None = None) -> int:
             outs = {}
             for name in names:
                 t1, _ = _generate(client, workers[name], text, 1)
-                tn, ids = _generate(client, workers[name], text, args.new_tokens)
+                tn, ids = _generate(client, workers[name], text, new_tokens)
                 outs[name] = ids
                 if i:  # prompt 0 warms up
-                    tpot[name].append((tn - t1) / (args.new_tokens - 1))
+                    tpot[name].append((tn - t1) / (new_tokens - 1))
             for name, ids in outs.items():
                 ref = outs["plain"]
                 same[name].append(sum(a == b for a, b in zip(ids, ref)))
                 first_diff[name].append(next((j for j, (a, b) in enumerate(zip(ids, ref)) if a != b), len(ref)))
             print(f"prompt {i + 1}/{len(prompts)} done", file=sys.stderr, flush=True)
         after = {n: _offload_counts(client, u) for n, u in workers.items() if n != "plain"}
+    return tpot, same, first_diff, before, after
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--plain", required=True)
+    p.add_argument("--worker", action="append", default=[], metavar="NAME=URL")
+    p.add_argument("--prompts", type=int, default=12)
+    p.add_argument("--chars", type=int, default=600)
+    p.add_argument("--new-tokens", type=int, default=32)
+    args = p.parse_args(argv)
+    if args.prompts < 2 or args.new_tokens < 2 or args.chars < 1:
+        p.error("--prompts and --new-tokens must be at least 2 (the first prompt warms up; TPOT needs two tokens), "
+                "--chars at least 1")
+    if any("=" not in w or w.startswith(("=", "plain=")) for w in args.worker):
+        p.error(f"--worker takes NAME=URL with a name other than 'plain', got {args.worker}")
+    workers = {"plain": args.plain} | dict(w.split("=", 1) for w in args.worker)
+    prompts = _prompts(args.prompts, args.chars)
+    try:
+        tpot, same, first_diff, before, after = _measure(workers, prompts, args.new_tokens)
+    except (httpx.RequestError, httpx.HTTPStatusError) as exc:  # a worker not up, or refusing: one line
+        print(f"offload_worker_bench: {exc.request.url}: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 1
     base = statistics.median(tpot["plain"])
     print(f"{len(prompts)} held-out prompts of {args.chars} chars, {args.new_tokens} greedy tokens each (TPOT over "
           f"the last {len(prompts) - 1}: the first warms up); counts are differences of /sgl_moe/info over the run\n")

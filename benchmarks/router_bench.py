@@ -3,6 +3,9 @@
     .venv/bin/python benchmarks/router_bench.py [--workers 64] [--prompt-tokens 4096] [--requests 2000]
                                                 [--rate-seconds 10] [--concurrency 64]
 
+Smallest run (seconds; what CI runs): ``--workers 2 --prompt-tokens 64 --requests 20 --rate-seconds 0.5
+--concurrency 2 --stand-ins 1 --prompt-words 10 --routers longest_block_match``.
+
 1. **Decision time** (in process): the real scheduler, block index and pending ledger with 64 workers whose
    committed tables hold 4,096-token prompts; each request is a 4,096-token prompt that shares a prefix
    of random length with one of them (or nothing). Reports p50/p99 of block hashing and of the decision
@@ -30,7 +33,7 @@ from aiohttp import web
 from sgl_moe import DEFAULT_MODEL_DIR, saturation, wire
 from sgl_moe.flops import FlopsModel
 from sgl_moe.harness.worker_process import free_port
-from sgl_moe.policy_bench.routers import OURS, RouterUnderTest, label
+from sgl_moe.policy_bench.routers import OURS, POLICIES, RouterUnderTest, label
 from sgl_moe.router.block_hash import block_hashes
 from sgl_moe.router.block_index import BlockIndex
 from sgl_moe.router.config import RouterConfig
@@ -204,12 +207,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--concurrency", type=int, default=64)
     parser.add_argument("--stand-ins", type=int, default=4)
     parser.add_argument("--prompt-words", type=int, default=200)
-    parser.add_argument("--routers", nargs="+", default=["longest_block_match", "cache_aware"],
+    parser.add_argument("--routers", nargs="+", default=["longest_block_match", "cache_aware"], choices=POLICIES,
                         help="routers driven one after another (sgl_moe policies or sglang-router's)")
     parser.add_argument("--router-args", default="", help="extra flags for sgl_moe's router")
     parser.add_argument("--out", type=Path, help="write the results as JSON")
     parser.add_argument("--skip-decision", action="store_true", help="only the request-rate part")
     args = parser.parse_args(argv)
+    if min(args.workers, args.prompt_tokens, args.requests, args.concurrency, args.stand_ins, args.prompt_words) < 1:
+        parser.error("--workers, --prompt-tokens, --requests, --concurrency, --stand-ins and --prompt-words must be "
+                     "positive")
+    if args.rate_seconds <= 0:
+        parser.error(f"--rate-seconds must be positive, got {args.rate_seconds}")
     d = None
     if not args.skip_decision:
         print(f"decision time: {args.workers} workers, {args.prompt_tokens}-token prompts, {args.requests} "

@@ -2,6 +2,8 @@
 
     .venv/bin/python benchmarks/tokenizer_bench.py [--prompts 2000] [--repeats 3] [--json OUT]
 
+Smallest run (seconds; what CI runs): ``--prompts 10 --repeats 1``.
+
 Everything goes through the router's own path, in fresh interpreters, against a stand-in worker (an aiohttp
 server answering ``/sgl_moe/info`` for the shipped model and serving whatever tokenizer files that info
 advertises), so the same code measures any ``RouterTokenizer`` implementation:
@@ -172,12 +174,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", type=Path, default=None, help="also write the figures here")
     parser.add_argument("--phase", choices=("build", "startup"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.prompts < 1 or args.repeats < 1:
+        parser.error(f"--prompts and --repeats must be positive, got {args.prompts} and {args.repeats}")
     if args.phase:
         coro = phase_build(args.prompts) if args.phase == "build" else phase_startup()
         print(json.dumps(asyncio.run(coro)))
         return 0
-    builds = [run_phase("build", args.prompts) for _ in range(args.repeats)]
-    starts = [run_phase("startup", args.prompts) for _ in range(args.repeats)]
+    try:
+        builds = [run_phase("build", args.prompts) for _ in range(args.repeats)]
+        starts = [run_phase("startup", args.prompts) for _ in range(args.repeats)]
+    except RuntimeError as exc:  # a phase's interpreter failed: its stderr, not this process's traceback
+        print(f"tokenizer_bench: {exc}", file=sys.stderr)
+        return 1
     med = {k: statistics.median(b[k] for b in builds) for k in builds[0] if isinstance(builds[0][k], float)}
     med |= {k: statistics.median(s[k] for s in starts) for k in starts[0]}
     b = builds[0]

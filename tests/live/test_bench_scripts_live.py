@@ -1,0 +1,78 @@
+"""The benchmark scripts that need real SGLang workers run as docs/policy-matrix.md and docs/offload.md show them,
+at their smallest size, against the session's workers (``cluster``, ``worker``). The figures they print or write
+are checked for presence and sanity, never for speed."""
+
+import json
+import math
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _run(script: str, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, f"benchmarks/{script}", *args], cwd=REPO, capture_output=True, text=True,
+                          timeout=600)
+
+
+def test_bench_serving_routers_smallest_run(cluster, tmp_path):
+    """Covers ``.venv/bin/python benchmarks/bench_serving_routers.py --worker-urls ... --repeats 3``
+    (docs/policy-matrix.md) at one repeat of 4 generated-shared-prefix requests, through sgl_moe's router and
+    sglang-router's ``cache_aware`` (the comparison the doc reports; ``round_robin`` is left out: a third router
+    start and bench_serving process for no path the other two do not take). About a minute on the 2-core CI host
+    (67 s seen), most of it the two ``sglang.bench_serving`` interpreters importing sglang (~18 s each)."""
+    out = tmp_path / "bench_serving.json"
+    proc = _run("bench_serving_routers.py", "--worker-urls", *(w.url for w in cluster), "--repeats", "1",
+                "--routers", "longest_block_match", "cache_aware", "--groups", "2", "--prompts-per-group", "2",
+                "--system-len", "32", "--question-len", "8", "--concurrency", "4", "--log-dir", str(tmp_path / "logs"),
+                "--out", str(out))
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    result = json.loads(out.read_text())
+    assert result["args"]["repeats"] == "1"
+    assert set(result["results"]) == {"sgl_moe longest_block_match", "sglang-router cache_aware"}
+    for name, runs in result["results"].items():
+        [row] = runs
+        assert row["completed"] == 4, (name, row)  # every request of 2 groups x 2 prompts
+        for key in ("request_throughput", "input_throughput", "mean_e2e_latency_ms", "p99_e2e_latency_ms",
+                    "duration", "router_cpu_s"):
+            assert row[key] is not None and row[key] > 0, (name, key, row)
+    assert len(re.findall(r"^run 1: .* req/s .* 4 completed", proc.stdout, re.M)) == 2, proc.stdout
+
+
+@pytest.fixture
+def offload_worker(tmp_path, start_worker):
+    """Flags as ``exact_worker`` in test_offload_live.py (module-scoped there, so it cannot be shared from here)."""
+    proc = start_worker(tmp_path / "offload-exact.log",
+                        ["--moe-expert-offload", "--max-total-tokens", "16384", "--moe-execution", "exact",
+                         "--moe-predictor", "hybrid", "--moe-resident-experts", "4"])
+    yield proc
+    proc.stop()
+
+
+def test_offload_worker_bench_smallest_run(worker, offload_worker):
+    """Covers ``.venv/bin/python benchmarks/offload_worker_bench.py --plain URL --worker exact=URL --worker
+    speculative=URL`` (docs/offload.md) with one offload worker (exact), 2 prompts of 200 characters, 4 greedy
+    tokens each. The smallest honest run needs one worker started with ``--moe-expert-offload`` (the session
+    ``worker`` is the plain one): one worker start-up, 1-2 minutes on the 2-core CI host, against ~10 s for the
+    run itself. A speculative worker would add another start-up for the same code path in the script.
+
+    TPOT is not checked even for sign: at 4 tokens it is (t_4 - t_1) / 3 of one timed prompt, and t_1 includes the
+    prompt's uncached prefill while t_4 reuses it (an offload worker's prefill streams experts: -33 ms seen)."""
+    proc = _run("offload_worker_bench.py", "--plain", worker.url, "--worker", f"exact={offload_worker.url}",
+                "--prompts", "2", "--chars", "200", "--new-tokens", "4")
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "prompt 2/2 done" in proc.stderr
+    rows = {cells[0]: cells[1:] for line in proc.stdout.splitlines() if line.startswith("| ") and "---" not in line
+            for cells in [[c.strip() for c in line.strip("|").split("|")]]}
+    assert set(rows) == {"worker", "plain", "exact"}, proc.stdout
+    plain, exact = rows["plain"], rows["exact"]
+    assert math.isfinite(float(plain[0])) and plain[1] == "1.000" and plain[2] == "8/8" and plain[3] == "4.0"
+    assert math.isfinite(float(exact[0])) and math.isfinite(float(exact[1]))
+    assert exact[2] == "8/8" and exact[3] == "4.0"  # exact execution: plain's greedy tokens, no difference
+    hits, misses = (int(x) for x in exact[4].split(" / "))
+    # The worker writes its counts at most once a second; a run of several seconds moves experts between writes.
+    assert hits + misses > 0 and int(exact[5]) > 0 and float(exact[6]) > 0, proc.stdout
