@@ -49,7 +49,8 @@ RUN_BY: dict[str, list[str]] = {
     "python -m sgl_moe.classify": ["tests/live/test_frontend_live.py::test_classify_cli_answers_every_line"],
     "python -m sgl_moe.loadtest": [
         "tests/live/test_frontend_live.py::test_locust_load_test_counts_requests_and_no_failures"],
-    "python -m sgl_moe.kv_event_keys": ["tests/worker/test_kv_event_keys.py::test_command_line_prints_the_flags_to_pass"],
+    "python -m sgl_moe.kv_event_keys": [
+        "tests/worker/test_kv_event_keys.py::test_command_line_prints_the_flags_to_pass"],
     "python -m sgl_moe.workloads": ["tests/workloads/test_task.py::test_cli_writes_tasks_and_a_summary"],
     "curl /v1/classify": ["tests/live/test_classify_live.py::test_single_choice_scores_the_identifiers"],
     # Benchmarks and the simulator.
