@@ -73,6 +73,11 @@ KNEE_FRACTION = 0.95
 UNSATURATED_FACTOR = 2
 """Throughput profile: when throughput still grows at the largest level profiled (the KV pool holds no more
 of the profile's prompts), Θ is this many times that level's work rather than that level's."""
+UNSATURATED_GAIN = 0.25
+"""Throughput profile: the largest level counts as still growing only when it gains at least this share over the
+level before it. A profile cut short by the KV pool while still scaling gains 50-100% per doubling; on the 2-core
+CPU the last level of identical idle workers gained anywhere from -4% to 27% with throughput flat within noise,
+and a 5% threshold flipped Θ between 16 and 2 x 32 requests (1.1e10 vs 5.2e10 FLOPs, issue 29)."""
 MONOTONE_SLACK = 0.7
 """Throughput profile: a level slower than this share of a level with fewer in flight means the timings
 measured something else (other processes on the host); the profile is refused (the fallback stays)."""
@@ -107,7 +112,7 @@ def from_throughput(points: list[tuple[int, float]], prompt_flops: float, prompt
     counted = f"their FLOPs + {overhead_flops:.3g} per request" if overhead_flops else "their FLOPs"
     reached = f"reach {knee:.0%} of the best FLOPs/s ({rates[sat]:.3g} of {best:.3g})"
     work = batch
-    if len(rates) > 1 and rates[-1] * knee > rates[-2]:
+    if len(rates) > 1 and rates[-1] >= (1 + UNSATURATED_GAIN) * rates[-2]:
         # The last level still gained more than the knee allows: the profile stopped (KV pool, level cap)
         # before throughput did. Θ at that level would hold the worker below its knee; past it, SGLang
         # queues what the pool cannot hold and keeps its batches full while the router answers.

@@ -40,6 +40,11 @@ def test_saturation_is_the_fewest_in_flight_reaching_the_knee_of_the_best_throug
     grows = saturation.from_throughput([(1, 1.0), (2, 1.0), (4, 1.0)], 10.0, 256, 1.5, 1.0)
     assert grows.flops == pytest.approx(1.5 * 2 * 40.0) and "no knee" in grows.source
     assert grows.details["saturation_batch"] == 4
+    # A last level that gains a little more than the knee allows (12%, within a CPU profile's noise at its largest
+    # level) is not "still growing": Θ is that level's work, not twice it (issue 29: Θ flipped 4x on noise).
+    noisy_top = saturation.from_throughput([(1, 1.0), (2, 1.0), (4, 2.0 / 1.12)], 10.0, 256, 1.0, 1.0)
+    assert noisy_top.details["saturation_batch"] == 4 and noisy_top.flops == pytest.approx(40.0)
+    assert "no knee" not in noisy_top.source
     # A last level that gains less than the knee allows (4%) is a knee: that level's work.
     flat = saturation.from_throughput([(1, 1.0), (2, 1.0), (4, 2.0 / 1.04)], 10.0, 256, 1.0, 1.0)
     assert flat.details["saturation_batch"] == 2 and flat.flops == pytest.approx(20.0)
