@@ -55,6 +55,8 @@ def pct(values: list[float], q: float) -> float:
 
 
 class _Pool:
+    installs = 0
+
     def __init__(self, workers):
         self.workers = {w.id: w for w in workers}
 

@@ -168,8 +168,8 @@ async def _classify(router: Router, request: web.Request) -> web.Response:
         resp = router.refuse_suspect(urid, attempt.fingerprint)
         if resp is None:
             async with gate:
-                resp = await router.run(urid, unit.parsed, lambda p: router.forward(
-                    SCORE, body_bytes, headers, p, unit.parsed, attempt), attempt)
+                resp = await router.run(urid, unit.parsed, lambda p: router.forwarder.forward(
+                    SCORE, body_bytes, headers, p, attempt), attempt)
         payload = orjson.loads(resp.body) if resp.body else {}
         if resp.status != 200:
             message = (payload.get("error") or {}).get("message") if isinstance(payload, dict) else None

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import aiohttp
 import orjson
@@ -19,28 +19,40 @@ from aiohttp import web
 from sgl_moe.router.errors import WorkerFailure
 from sgl_moe.router.intake import Attempt
 from sgl_moe.router.job import Placement
-from sgl_moe.router.parsed_request import ParsedRequest
 from sgl_moe.router.upstream import abort_on_worker, failure, upstream
-
-if TYPE_CHECKING:
-    from sgl_moe.router.config import RouterConfig
-    from sgl_moe.router.scheduler import Scheduler
 
 log = logging.getLogger("sgl_moe.router")
 
 
-class RequestForwarding:
-    """The ``Router``'s forwarding half, mixed into it: ``forward`` (a published hook) and ``_stream`` send a
-    placed request to its worker, relay the answer and release the placement; ``_abort`` aborts the request on
-    the worker when the client goes away."""
+class Release(Protocol):
+    """``Scheduler.release``: give back a placement's reservation and settle its promised blocks (``ok``: the
+    request succeeded, so they are stored on its worker)."""
 
-    # The Router's own state (set in its __init__ and start), declared here for the methods below.
-    cfg: RouterConfig
-    session: aiohttp.ClientSession | None
-    scheduler: Scheduler | None
-    aborts: int
-    abort_failures: int
-    _tasks: list[asyncio.Task]
+    def __call__(self, placement: Placement, *, ok: bool) -> None: ...
+
+
+class Forwarder:
+    """Sends placed requests to their workers and relays the answers: ``forward`` (a published hook) and
+    ``stream`` each release the placement whatever happens; a request whose client went away is aborted on its
+    worker (``aborts``), by a task of its own that releases the placement when the abort is done."""
+
+    def __init__(self, session: aiohttp.ClientSession, release: Release, abort_timeout_s: float) -> None:
+        self.session = session
+        """The router's one HTTP client to the workers."""
+        self.release = release
+        self.abort_timeout_s = abort_timeout_s
+        """``--abort-timeout-s``: how long an abort may take before the request is counted as lost."""
+        self.aborts = 0
+        """Requests aborted on their worker because the client went away."""
+        self.abort_failures = 0
+        """Of those, aborts the worker did not accept within ``--abort-timeout-s`` (counted as lost)."""
+        self._tasks: list[asyncio.Task] = []
+        """Aborts under way."""
+
+    def cancel(self) -> None:
+        """The router stops: cancel the aborts under way (each still releases its placement)."""
+        for task in self._tasks:
+            task.cancel()
 
     def _headers(self, placement: Placement) -> dict[str, str]:
         return {"x-sgl-moe-worker": placement.worker.id, "x-sgl-moe-request-id": placement.job.rid,
@@ -48,12 +60,12 @@ class RequestForwarding:
                 "x-sgl-moe-queue-ms": f"{placement.queued_s * 1e3:.1f}"}
 
     async def forward(self, endpoint: str, body: bytes, headers: dict[str, str], placement: Placement,
-                      parsed: ParsedRequest, attempt: Attempt | None = None) -> web.Response:
+                      attempt: Attempt | None = None) -> web.Response:
         """POST ``body`` to the placed worker; answer with its status and body byte for byte, plus our headers.
 
-        For use as ``run``'s ``call``: it releases ``placement`` whatever happens (the client leaving too: the
-        request is then aborted on the worker), and raises WorkerFailure (which ``run`` answers or retries)
-        when the worker gives no usable answer.
+        Hook: for use as ``Router.run``'s ``call`` (``classify_route`` uses it). It releases ``placement`` whatever
+        happens (the client leaving too: the request is then aborted on the worker), and raises WorkerFailure
+        (which ``run`` answers or retries) when the worker gives no usable answer.
         """
         worker = placement.worker
         ok = aborting = False
@@ -78,9 +90,11 @@ class RequestForwarding:
             raise
         finally:
             if not aborting:
-                self.scheduler.release(placement, ok=ok)
+                self.release(placement, ok=ok)
 
-    async def _stream(self, request: web.Request, attempt: Attempt, placement: Placement) -> web.StreamResponse:
+    async def stream(self, request: web.Request, attempt: Attempt, placement: Placement) -> web.StreamResponse:
+        """Relay the placed worker's streamed answer to ``request``'s client chunk by chunk (``forward``'s
+        streaming twin: it releases ``placement`` whatever happens)."""
         worker = placement.worker
         ok = aborting = False
         try:
@@ -108,7 +122,7 @@ class RequestForwarding:
             raise
         finally:
             if not aborting:
-                self.scheduler.release(placement, ok=ok)
+                self.release(placement, ok=ok)
 
     def _abort(self, attempt: Attempt | None, placement: Placement) -> bool:
         """The client went away: abort its request on the worker. True when an abort task now owns releasing
@@ -131,13 +145,13 @@ class RequestForwarding:
         worker = placement.worker
         t0 = time.monotonic()
         try:
-            why = await abort_on_worker(self.session, worker.url, abort_rid, self.cfg.abort_timeout_s)
+            why = await abort_on_worker(self.session, worker.url, abort_rid, self.abort_timeout_s)
             if why is not None:
                 self.abort_failures += 1
                 log.warning("abort of %s on worker %s failed after %.1f s: %s; the request is counted as lost and "
                             "its load on the worker released", abort_rid, worker.id, time.monotonic() - t0, why)
         finally:
-            self.scheduler.release(placement, ok=False)
+            self.release(placement, ok=False)
 
     def _note_cached(self, placement: Placement, endpoint: str, payload: bytes) -> None:
         """Compare the predicted prefix hit with what the worker reports (``meta_info.cached_tokens``)."""

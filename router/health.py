@@ -95,10 +95,9 @@ class HealthMonitor:
             return
         if info.instance_id != worker.instance_id or info.calibrating:
             return
-        pinned = self.pool.cfg.saturation_flops
         old = worker.theta
-        worker.install(info, pinned, self.pool.cfg.request_overhead_flops)
-        if pinned is None:
+        self.pool.install(worker, info)
+        if self.pool.cfg.saturation_flops is None:
             log.info("worker %s Θ %s: %.4g -> %.4g FLOPs (%s)", worker.id, info.saturation.state, old, worker.theta,
                      info.saturation.source)
             self.pool.on_change()  # a larger Θ may admit queued work now
@@ -116,9 +115,9 @@ class HealthMonitor:
                 dropped = pool.index.clear_committed(slot)
                 log.info("worker %s restarted (new instance %s): dropped %d committed blocks of rank %d",
                          worker.id, info.instance_id, dropped, rank)
-            worker.install(info, pool.cfg.saturation_flops, pool.cfg.request_overhead_flops)
+            pool.install(worker, info)
         elif worker.info.calibrating and not info.calibrating:  # its start-up profile ended
-            worker.install(info, pool.cfg.saturation_flops, pool.cfg.request_overhead_flops)
+            pool.install(worker, info)
             log.info("worker %s ready: Θ %s, %.4g FLOPs (%s)", worker.id, info.saturation.state, worker.theta,
                      info.saturation.source)
         pool.mark_healthy(worker)

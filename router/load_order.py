@@ -7,7 +7,8 @@ FLOPs, id, worker)`` sorted and is told by the scheduler whenever a reservation 
 
 Invariants: a worker's ``inflight_flops`` changes only through the scheduler's reserve/release, which
 call ``moved``; ``slots`` of a worker never change while it is in the pool, and ``theta`` and the cost model
-only through ``Worker.install``, after which the scheduler builds a new view (``built_after``).
+only through the pool's installs (``WorkerPool.installs`` counts them), after which the scheduler builds a new
+view (``built_after``).
 A view is built for one list of routable workers (``key``) and rebuilt when that list changes. The
 scheduler uses it only when it is ``uniform`` (one Θ and one FLOPs model), where every ordering the
 policies use is monotone in in-flight FLOPs alone.
@@ -19,7 +20,6 @@ from bisect import bisect_left, bisect_right, insort
 from collections.abc import Callable
 from operator import itemgetter
 
-from sgl_moe.router import worker as worker_module
 from sgl_moe.router.worker import Worker
 
 _inflight = itemgetter(0)
@@ -32,7 +32,7 @@ DIRECT_GROUP = 16
 class LoadOrder:
     """Routable workers sorted by in-flight FLOPs, with their slots (one view of one routable list)."""
 
-    def __init__(self, workers: list[Worker]) -> None:
+    def __init__(self, workers: list[Worker], installs: int) -> None:
         self.key: tuple[Worker, ...] = tuple(workers)
         """The routable list this view was built for; an equal tuple means the view is still valid."""
         first = workers[0] if workers else None
@@ -40,8 +40,8 @@ class LoadOrder:
                                                  for w in workers)
         """One Θ and one cost model (FLOPs model, request overhead) for every worker: the precondition of every
         query below."""
-        self.built_after = worker_module.INSTALLS
-        """``worker.INSTALLS`` when built: a later install may have changed a Θ or a cost model."""
+        self.built_after = installs
+        """The pool's ``installs`` when built: a later install may have changed a Θ or a cost model."""
         self.single_slot = all(len(w.slots) == 1 for w in workers)
         """No worker has several attention-DP ranks."""
         self.theta: float = first.theta if first else 0.0

@@ -135,12 +135,32 @@ class _StateCollector:
             ("poison_convicted", "Suspects whose run alone killed that worker too (refused for --suspect-ttl-s)",
              router.suspects.convicted),
             ("client_aborts", "Requests whose client went away before the answer (aborted on their worker)",
-             router.aborts),
+             router.forwarder.aborts),
             ("abort_failures", "Aborts of such requests that the worker did not accept within --abort-timeout-s "
-             "(the request is counted as lost and its load released)", router.abort_failures),
+             "(the request is counted as lost and its load released)", router.forwarder.abort_failures),
             ("busy_health_probes", "Health probes that failed while the worker was making progress (not counted "
              "against it)", pool.health.busy_probes),
         ):
             m = counter(name, doc)
             m.add_metric([], value)
             yield m
+        memo = pool.tokenizer.memo if pool.tokenizer is not None else None
+        if memo is not None:
+            stats = memo.stats
+            for name, doc, value in (
+                ("prefix_memo_texts", "Texts encoded through the prefix memo", stats.texts),
+                ("prefix_memo_ids", "Token ids taken from the prefix memo instead of encoded", stats.memo_ids),
+                ("prefix_memo_encoded_chars", "Characters the prefix memo still had the tokenizer encode",
+                 stats.encoded_chars),
+                ("prefix_memo_checks", "Memoised encodes compared with a whole encode", stats.checks),
+                ("prefix_memo_mismatches", "Memoised encodes that differed from a whole encode (the memo then turns "
+                 "itself off)", stats.mismatches),
+            ):
+                m = counter(name, doc)
+                m.add_metric([], value)
+                yield m
+            on = gauge("prefix_memo_enabled", "1 while the prefix memo serves the router's tokenizer")
+            on.add_metric([], 1.0 if memo.enabled else 0.0)
+            held = gauge("prefix_memo_tokens", "Token ids the prefix memo holds")
+            held.add_metric([], memo.tokens)
+            yield from (on, held)

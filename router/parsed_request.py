@@ -8,8 +8,12 @@ extra key, so only requests with none of them share plain block hashes.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from sgl_moe.router.errors import RequestError
+
+if TYPE_CHECKING:
+    from sgl_moe.router.prefix_memo import MemoPath
 
 
 @dataclass(frozen=True)
@@ -44,6 +48,9 @@ class ParsedRequest:
     """The model name the client gave, if any."""
     affinity: bool
     """False when the prompt ids cannot be known exactly; ``prompts`` is then a best estimate."""
+    memo_paths: list[MemoPath] | None = None
+    """For prompts encoded from text: the prefix-memo path of each (``PrefixMemo.page_hashes`` reuses the page
+    hashes its nodes hold); None otherwise."""
 
 
 def common_prefix_len(prompts: list[list[int]]) -> int:

@@ -11,16 +11,13 @@ promise ends the wait at once.
 
 from __future__ import annotations
 
-import asyncio
 import logging
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Sequence
+from typing import NamedTuple
 
 from sgl_moe.router.candidates import Candidate, job_cost
 from sgl_moe.router.job import Job
 from sgl_moe.router.worker import PINNED_THETA_SOURCE, Worker
-
-if TYPE_CHECKING:
-    from sgl_moe.router.scheduler import Scheduler
 
 log = logging.getLogger("sgl_moe.router.decisions")
 
@@ -33,14 +30,46 @@ def theta_is_measured(w: Worker) -> bool:
     return w.theta_source == PINNED_THETA_SOURCE or w.info.saturation.state in MEASURED_THETA_STATES
 
 
+class HoldVerdict(NamedTuple):
+    """What ``PrefixHold.check`` decided for one job and its chosen candidate."""
+
+    candidate: Candidate | None
+    """What to reserve: the candidate itself, its worker at the duplicate's cost, or a spill; None: the job waits."""
+    spill_deferred: bool = False
+    """A spill would have beaten the wait, but spills were deferred (the pump's first pass)."""
+    rescore_in: float | None = None
+    """The job began to wait just now: re-score it after this many seconds even if nothing else happens."""
+
+
 class PrefixHold:
-    """The hold rule of one scheduler (its config, block index, pool, policy, clock and queue)."""
+    """The hold rule of one scheduler: given the values and the views of its tables it needs, it decides; the
+    scheduler acts on the verdict (its counters, its ``last_deferred``, the timer that re-scores a hold)."""
 
-    def __init__(self, scheduler: Scheduler) -> None:
-        self.sched = scheduler
+    def __init__(self, *, enabled: bool, wait_s: float, min_tokens: int, spills: bool,
+                 committed_prefix: Callable[[int, Sequence[int]], int],
+                 routable: Callable[[frozenset[str]], list[Worker]],
+                 queued_cost_before: Callable[[Job, Worker], float], clock: Callable[[], float]) -> None:
+        self.enabled = enabled
+        """Holds are taken at all: the ``longest_block_match`` policy with ``prefix_wait_s`` > 0."""
+        self.wait_s = wait_s
+        """``RouterConfig.prefix_wait_s``: the longest a job waits for promised blocks."""
+        self.min_tokens = max(min_tokens, 1)
+        """``RouterConfig.prefix_wait_min_tokens`` (at least one): fewer promised tokens are recomputed, not
+        waited for."""
+        self.spills = spills
+        """``RouterConfig.hold_spills``: a job about to be held may spill to a worker with room instead."""
+        self.committed_prefix = committed_prefix
+        """``BlockIndex.committed_prefix``: leading blocks a slot holds committed (not only promised)."""
+        self.routable = routable
+        """``WorkerPool.routable``: the workers in rotation, less those excluded."""
+        self.queued_cost_before = queued_cost_before
+        """``Scheduler.queued_cost_before``: FLOPs of the queued jobs ahead that also wait for a worker."""
+        self.clock = clock
+        """The scheduler's clock (how long a job has waited)."""
 
-    def check(self, job: Job, c: Candidate) -> Candidate | None:
-        """None if ``job`` should wait for blocks ``c`` only has promised; else the candidate to reserve.
+    def check(self, job: Job, c: Candidate, defer_spills: bool) -> HoldVerdict:
+        """Whether ``job`` should wait for blocks ``c`` only has promised (the verdict's candidate None); else the
+        candidate to reserve. ``defer_spills``: the pump's first pass (``PlacementPolicy.defer_spills``).
 
         The wait is taken only when it pays: a worker below Θ even after computing the promised blocks
         again (the duplicate) runs it in the same batch at no cost in throughput (Θ is where throughput
@@ -49,14 +78,12 @@ class PrefixHold:
         room is known only for a measured (or pinned) Θ: under the placeholder Θ of a worker that did not
         profile (one 4,096-token step, far above a CPU worker's knee) the request always waits.
         """
-        sched = self.sched
-        cfg = sched.cfg
-        if cfg.policy != "longest_block_match" or cfg.prefix_wait_s <= 0 or not job.keys or not c.matched_blocks:
-            return c
-        committed = sched.index.committed_prefix(c.slot, job.keys[0][:c.matched_blocks])
+        if not self.enabled or not job.keys or not c.matched_blocks:
+            return HoldVerdict(c)
+        committed = self.committed_prefix(c.slot, job.keys[0][:c.matched_blocks])
         promised_tokens = (c.matched_blocks - committed) * c.worker.page_size
-        if promised_tokens < max(cfg.prefix_wait_min_tokens, 1):
-            return c
+        if promised_tokens < self.min_tokens:
+            return HoldVerdict(c)
         w = c.worker
         if len(job.prompt_lens) == 1 and theta_is_measured(w):
             n = job.prompt_lens[0]
@@ -67,26 +94,26 @@ class PrefixHold:
                     log.debug("no hold for %s on %s: %d promised tokens recomputed in the same batch; in-flight "
                               "%.3g + %.3g <= Θ %.3g", job.rid, w.id, promised_tokens, w.inflight_flops, dup_cost,
                               w.theta)
-                return Candidate(w, c.slot, c.dp_rank, c.matched_blocks, (dup_cached,), dup_cost)
+                return HoldVerdict(Candidate(w, c.slot, c.dp_rank, c.matched_blocks, (dup_cached,), dup_cost))
         spill = self.spill_instead(job, c)
+        deferred = False
         if spill is not None:
-            return spill
-        waited = sched.clock() - job.arrived
-        if waited >= cfg.prefix_wait_s:
-            return c
+            if not defer_spills:
+                return HoldVerdict(spill)
+            deferred = True
+        waited = self.clock() - job.arrived
+        if waited >= self.wait_s:
+            return HoldVerdict(c, deferred)
+        rescore_in = None
         if not job.held:
             job.held = True
-            sched.stats.prefix_waits += 1
-            try:  # re-score when the wait runs out even if nothing else happens meanwhile
-                asyncio.get_running_loop().call_later(cfg.prefix_wait_s - waited + 1e-3, sched.pump)
-            except RuntimeError:  # no event loop (simulator, unit tests drive pump themselves)
-                pass
+            rescore_in = self.wait_s - waited + 1e-3
         job.waiting_for, job.waiting_cost = c.worker.id, c.cost
         if log.isEnabledFor(logging.DEBUG):
             log.debug("hold %s for %s: %d of %d matched blocks are still being computed there and computing them "
                       "again would pass Θ (in-flight %.3g of %.3g)", job.rid, c.worker.id,
                       c.matched_blocks - committed, c.matched_blocks, w.inflight_flops, w.theta)
-        return None
+        return HoldVerdict(None, deferred, rescore_in)
 
     def spill_instead(self, job: Job, c: Candidate) -> Candidate | None:
         """Where a job about to be held for ``c``'s promised blocks goes instead, if anywhere: the worker with room
@@ -94,14 +121,13 @@ class PrefixHold:
         holder's work by more than the recomputation (``PlacementPolicy``'s spill rule, applied to a hold). A hold
         that ignored idle workers kept a hot prefix's followers waiting on one saturated worker while the others
         idled (offline bulk, Zipf prefixes that fit the pools: 0.36x cache_aware, 0.49x round robin). In the
-        pump's first pass the spill is deferred (the scheduler's ``last_deferred``): room goes first to jobs that
+        pump's first pass ``check`` defers the spill (``HoldVerdict.spill_deferred``): room goes first to jobs that
         recompute nothing."""
-        sched = self.sched
-        if not sched.cfg.hold_spills or len(job.prompt_lens) != 1:
+        if not self.spills or len(job.prompt_lens) != 1:
             return None
         holder = c.worker
         best: tuple[float, Worker, float] | None = None
-        for w in sched.pool.routable(job.exclude):
+        for w in self.routable(job.exclude):
             if w is holder or not w.admissible:
                 continue
             cost = job_cost(w, job, [0])
@@ -111,11 +137,8 @@ class PrefixHold:
             return None
         spill_finish, w, cost = best
         extra = max(0.0, cost - c.cost)
-        wait_finish = holder.inflight_flops + sched.queued_cost_before(job, holder) + c.cost
+        wait_finish = holder.inflight_flops + self.queued_cost_before(job, holder) + c.cost
         if spill_finish + extra >= wait_finish:
-            return None
-        if sched.policy.defer_spills:
-            sched.last_deferred = True
             return None
         rank, slot = min(w.slots.items())
         return Candidate(w, slot, rank, 0, (0,), cost)

@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from sgl_moe.router.errors import RequestError
+from sgl_moe.router.prefix_memo import MemoPath
 from sgl_moe.router.router_tokenizer import RouterTokenizer
 
 MAX_TOKEN_ID = 2**32 - 1
@@ -52,13 +53,14 @@ def text_prompts(value: Any, param: str) -> tuple[bool, list[str]]:
     return single, texts
 
 
-def encode_all(tok: RouterTokenizer, texts: list[str], param: str) -> list[list[int]]:
-    """``texts`` encoded as ``/generate`` encodes them; none may encode to nothing."""
-    prompts = tok.encode_batch(texts)
+def encode_all(tok: RouterTokenizer, texts: list[str], param: str) -> tuple[list[list[int]], list[MemoPath]]:
+    """``texts`` encoded as ``/generate`` encodes them, and the prefix-memo path of each; none may encode to
+    nothing."""
+    prompts, paths = tok.encode_with_paths(texts)
     for p in prompts:
         if not p:  # an empty prompt crashes the SGLang 0.5.23 scheduler (MoE reshape of 0 tokens)
             raise RequestError(400, f"{param} encodes to no tokens", param)
-    return prompts
+    return prompts, paths
 
 
 def embed_placeholders(embeds: Any, hidden_size: int = 0) -> tuple[bool, list[list[int]]]:

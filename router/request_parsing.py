@@ -36,6 +36,7 @@ from sgl_moe.router.decision_prompt import decision_prompts, is_blank
 from sgl_moe.router.errors import RequestError
 from sgl_moe.router.grammar_limits import check_grammars
 from sgl_moe.router.parsed_request import Namespace, ParsedRequest, common_prefix_len, namespaces, same_namespace
+from sgl_moe.router.prefix_memo import MemoPath
 from sgl_moe.router.request_fields import (
     check_model,
     embed_placeholders,
@@ -91,12 +92,13 @@ class _Context:
     limits: RequestLimits
 
     def result(self, body: dict, prompts: list[list[int]], *, namespace: Namespace, max_new_tokens: int,
-               stream: bool, model: str | None, affinity: bool) -> ParsedRequest:
+               stream: bool, model: str | None, affinity: bool,
+               paths: list[MemoPath] | None = None) -> ParsedRequest:
         self.limits.check_prompts(prompts, PROMPT_PARAM[self.endpoint])
         return ParsedRequest(
             endpoint=self.endpoint, body=body, prompts=prompts, shared_prefix_len=common_prefix_len(prompts),
             namespace=namespace, prefill_only=max_new_tokens <= 1, stream=stream, max_new_tokens=max_new_tokens,
-            model=model, affinity=affinity)
+            model=model, affinity=affinity, memo_paths=paths)
 
 
 def _parse_generate(ctx: _Context) -> ParsedRequest:
@@ -105,7 +107,7 @@ def _parse_generate(ctx: _Context) -> ParsedRequest:
     text, input_ids, embeds = body.get("text"), body.get("input_ids"), body.get("input_embeds")
     if text is None and input_ids is None and embeds is None:
         raise RequestError(400, "Either text, input_ids or input_embeds should be provided.", "text")
-    forward, affinity = body, True
+    forward, affinity, paths = body, True, None
     has_media = any(body.get(k) not in (None, []) for k in ("image_data", "video_data", "audio_data"))
     if input_ids is not None:  # SGLang prefers input_ids over text when both are given
         single, prompts = id_prompts(input_ids, "input_ids")
@@ -113,7 +115,7 @@ def _parse_generate(ctx: _Context) -> ParsedRequest:
         single, texts = text_prompts(text, "text")
         ctx.limits.check_count(len(texts), "text")
         ctx.limits.check_text(sum(map(len, texts)), "text")
-        prompts = encode_all(tok, texts, "text")
+        prompts, paths = encode_all(tok, texts, "text")
         if tok.exact and not has_media:
             forward = {k: v for k, v in body.items() if k != "text"}
             forward["input_ids"] = prompts[0] if single else prompts
@@ -130,7 +132,8 @@ def _parse_generate(ctx: _Context) -> ParsedRequest:
     max_new = max(decode_bound(value, p, ctx.context_length) for (value, _), p in zip(limits, prompts))
     spaces = namespaces(body, n, single, lora=None)
     return ctx.result(forward, prompts, namespace=spaces[0], max_new_tokens=max_new,
-                      stream=flag(body, "stream"), model=None, affinity=affinity and same_namespace(spaces))
+                      stream=flag(body, "stream"), model=None, affinity=affinity and same_namespace(spaces),
+                      paths=paths)
 
 
 def _parse_completions(ctx: _Context) -> ParsedRequest:
@@ -140,12 +143,12 @@ def _parse_completions(ctx: _Context) -> ParsedRequest:
     if "prompt" not in body:
         raise RequestError(400, "prompt is required", "prompt")
     prompt = body["prompt"]
-    forward, affinity = body, True
+    forward, affinity, paths = body, True, None
     if isinstance(prompt, str) or (isinstance(prompt, list) and prompt and isinstance(prompt[0], str)):
         single, texts = text_prompts(prompt, "prompt")
         ctx.limits.check_count(len(texts), "prompt")
         ctx.limits.check_text(sum(map(len, texts)), "prompt")
-        prompts = encode_all(tok, texts, "prompt")
+        prompts, paths = encode_all(tok, texts, "prompt")
         if tok.exact and not body.get("echo"):  # echo returns the prompt as the client wrote it
             forward = {**body, "prompt": prompts[0] if single else prompts}
         affinity = tok.exact
@@ -158,7 +161,8 @@ def _parse_completions(ctx: _Context) -> ParsedRequest:
     max_new = max(decode_bound(max_tokens, p, ctx.context_length) for p in prompts)
     spaces = namespaces(body, len(prompts), single, lora=adapter)
     return ctx.result(forward, prompts, namespace=spaces[0], max_new_tokens=max_new,
-                      stream=flag(body, "stream"), model=model, affinity=affinity and same_namespace(spaces))
+                      stream=flag(body, "stream"), model=model, affinity=affinity and same_namespace(spaces),
+                      paths=paths)
 
 
 def _parse_chat(ctx: _Context) -> ParsedRequest:
@@ -233,13 +237,13 @@ def _parse_score(ctx: _Context) -> ParsedRequest:
         ctx.limits.check_text(len(query) * len(items) + sum(map(len, items)), "items")
     item_first = bool(body.get("item_first"))
     has_embeds = any(body.get(k) is not None for k in ("query_embed_overrides", "item_embed_overrides"))
-    forward, affinity = body, not has_embeds
+    forward, affinity, paths = body, not has_embeds, None
     if text_items and has_embeds:  # _batch_tokenize_query_and_items: separately, specials on the query only
         q = tok.encode(query)
         prompts = [_join(q, tok.encode_plain(i), item_first) for i in items]
     elif text_items:
         texts = [f"{i}{query}" if item_first else f"{query}{i}" for i in items]
-        prompts = tok.encode_batch(texts)
+        prompts, paths = tok.encode_with_paths(texts)
         affinity = tok.exact
         if tok.exact and body.get("score_extraction_token") is None:
             forward = {**body, "query": [], "items": prompts}
@@ -252,7 +256,7 @@ def _parse_score(ctx: _Context) -> ParsedRequest:
             raise RequestError(400, f"query + items[{n}] is empty", "items")
     check_context(prompts, [0] * len(prompts), ctx.context_length)
     return ctx.result(forward, prompts, namespace=Namespace(), max_new_tokens=0, stream=False, model=model,
-                      affinity=affinity)
+                      affinity=affinity, paths=paths)
 
 
 def _parse_decisions(ctx: _Context) -> ParsedRequest:

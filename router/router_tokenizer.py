@@ -32,6 +32,8 @@ from typing import TYPE_CHECKING, Any
 
 import jinja2
 
+from sgl_moe.router.prefix_memo import MemoPath, PrefixMemo
+from sgl_moe.router.token_cuts import CutRule
 from sgl_moe.wire import TOKENIZER_FILE_NAMES, is_tokenizer_file_name
 
 if TYPE_CHECKING:
@@ -60,6 +62,9 @@ VOCABULARY_FILES = tuple(name for name in TOKENIZER_FILE_NAMES if name not in (
 
 STOCK_ENCODE_METHODS = ("__call__", "encode", "_encode_plus", "_convert_encoding")
 """A fast tokenizer that overrides none of these encodes exactly as its Rust backend's ``encode_batch``."""
+
+SPECIALS_PROBES = ("a", "Hello world", "x\ny z", "<0>")
+"""Texts whose ids with and without special tokens show what the post-processor adds around a text."""
 
 
 class NoChatTemplate(Exception):
@@ -189,6 +194,26 @@ class RouterTokenizer:
             self.backend.no_truncation()
             self.backend.no_padding()
             self.backend.encode_special_tokens = bool(getattr(hf, "split_special_tokens", False))
+        self.memo: PrefixMemo | None = None
+        """Ids of prefixes seen before (``prefix_memo``); None when this tokenizer's texts are encoded whole."""
+        self.memo_off_reason = "a tokenizer that is not a stock fast tokenizer" if not self._stock else ""
+        if self._stock:
+            self.memo, self.memo_off_reason = self._prefix_memo()
+
+    def _prefix_memo(self) -> tuple[PrefixMemo | None, str]:
+        rule, why = CutRule.of(self.backend)
+        if rule is None:
+            return None, why
+        specials = _added_around(self._encode_plain_batch, self._encode_full_batch)
+        if specials is None:
+            return None, "the special tokens added around a text depend on the text"
+        return PrefixMemo(rule, self._encode_plain_batch, self._encode_full_batch, *specials), ""
+
+    def _encode_plain_batch(self, texts: list[str]) -> list[list[int]]:
+        return [e.ids for e in self.backend.encode_batch_fast(texts, add_special_tokens=False)]
+
+    def _encode_full_batch(self, texts: list[str]) -> list[list[int]]:
+        return [e.ids for e in self.backend.encode_batch_fast(texts, add_special_tokens=True)]
 
     @classmethod
     def from_dir(cls, directory: str | Path) -> RouterTokenizer:
@@ -231,13 +256,22 @@ class RouterTokenizer:
 
     def encode_batch(self, texts: list[str]) -> list[list[int]]:
         """The ids SGLang prefills for each text sent to ``/generate`` (special tokens added)."""
+        return self.encode_with_paths(texts)[0]
+
+    def encode_with_paths(self, texts: list[str]) -> tuple[list[list[int]], list[MemoPath]]:
+        """``encode_batch``, and for each text the memo path its ids came through (for ``memo.page_hashes``;
+        empty without the memo)."""
         if not texts:
-            return []
+            return [], []
+        if self.memo is not None and self.memo.enabled:
+            return self.memo.encode_batch(texts)
         if self._stock:  # the Rust call tokenizer(texts) makes, without a BatchEncoding or character offsets
-            return [e.ids for e in self.backend.encode_batch_fast(texts, add_special_tokens=True)]
-        if self.backend is not None:
-            return self.hf(texts)["input_ids"]
-        return [self.hf.encode(t) for t in texts]
+            ids = self._encode_full_batch(texts)
+        elif self.backend is not None:
+            ids = self.hf(texts)["input_ids"]
+        else:
+            ids = [self.hf.encode(t) for t in texts]
+        return ids, [() for _ in texts]
 
     def encode(self, text: str) -> list[int]:
         return self.encode_batch([text])[0]
@@ -282,6 +316,20 @@ class RouterTokenizer:
                                                tools=tools, return_dict=False, **kw)
         except (jinja2.TemplateError, TypeError, ValueError) as e:
             raise ChatTemplateError(str(e)) from e
+
+
+def _added_around(plain: Any, full: Any) -> tuple[list[int], list[int]] | None:
+    """The ids a tokenizer adds before and after every text's own (``SPECIALS_PROBES``); None if they vary."""
+    found = set()
+    for own, whole in zip(plain(list(SPECIALS_PROBES)), full(list(SPECIALS_PROBES))):
+        at = next((i for i in range(len(whole) - len(own) + 1) if whole[i:i + len(own)] == own), None)
+        if not own or at is None:
+            return None
+        found.add((tuple(whole[:at]), tuple(whole[at + len(own):])))
+    if len(found) != 1:
+        return None
+    before, after = found.pop()
+    return list(before), list(after)
 
 
 def _stock_encoding(hf: Any) -> bool:

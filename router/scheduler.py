@@ -7,7 +7,8 @@
   capacity appears. A request waiting for its saturated best-matching worker does not block the
   requests behind it (no head-of-line blocking).
 - **Prefix wait**: a request whose best match ends in blocks only promised by a request still running
-  there waits for them to be stored (``RouterConfig.prefix_wait_s``; the rule is ``prefix_hold``'s).
+  there waits for them to be stored (``RouterConfig.prefix_wait_s``; the rule is ``prefix_hold``'s, and the
+  scheduler acts on its verdict).
 - **Placement** has two paths that choose the same worker: with one Θ and one FLOPs model for all
   workers (``LoadOrder.uniform``) the ``FastPath`` scores the workers holding a prefix of the request plus
   the least-loaded admissible rest, found in a view sorted by in-flight FLOPs; otherwise (and for debug
@@ -29,7 +30,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from sgl_moe.router import worker as worker_module
 from sgl_moe.router.block_index import BlockIndex
 from sgl_moe.router.candidates import Candidate, score_all
 from sgl_moe.router.config import RouterConfig
@@ -120,7 +120,10 @@ class Scheduler:
         ``queued_cost_before``); None outside pumps."""
         self.policy = PlacementPolicy(cfg, clock, self.stats, self.queued_cost_before)
         self.fast_path = FastPath(cfg, index, self.policy)
-        self.holds = PrefixHold(self)
+        self.holds = PrefixHold(
+            enabled=cfg.policy == "longest_block_match" and cfg.prefix_wait_s > 0, wait_s=cfg.prefix_wait_s,
+            min_tokens=cfg.prefix_wait_min_tokens, spills=cfg.hold_spills, committed_prefix=index.committed_prefix,
+            routable=pool.routable, queued_cost_before=self.queued_cost_before, clock=clock)
         self.last_deferred = False
         """Whether the last ``try_place`` that queued its job did so because its spill was deferred."""
         self._view: LoadOrder | None = None
@@ -295,12 +298,14 @@ class Scheduler:
         return self._view
 
     def uniform_view(self, workers: list[Worker]) -> LoadOrder | None:
-        """The load-ordered view of ``workers`` (rebuilt when the routable list changed), if uniform.
+        """The load-ordered view of ``workers`` (rebuilt when the routable list changed or the pool installed an
+        info since: ``WorkerPool.installs``), if uniform.
 
         Hook: the simulator's memo compares views to know when the routable set changed."""
         view = self._view
-        if view is None or view.stale or view.built_after != worker_module.INSTALLS or view.key != tuple(workers):
-            view = self._view = LoadOrder(workers)
+        installs = self.pool.installs
+        if view is None or view.stale or view.built_after != installs or view.key != tuple(workers):
+            view = self._view = LoadOrder(workers, installs)
         return view if view.uniform else None
 
     def any_admissible(self) -> bool:
@@ -324,8 +329,17 @@ class Scheduler:
 
     def _hold_for_prefix(self, job: Job, c: Candidate) -> Candidate | None:
         """None if ``job`` should wait for blocks ``c`` only has promised; else the candidate to reserve
-        (``prefix_hold.PrefixHold.check``)."""
-        return self.holds.check(job, c)
+        (``prefix_hold.PrefixHold.check``, whose verdict this acts on)."""
+        verdict = self.holds.check(job, c, self.policy.defer_spills)
+        if verdict.spill_deferred:
+            self.last_deferred = True
+        if verdict.rescore_in is not None:
+            self.stats.prefix_waits += 1
+            try:  # re-score when the wait runs out even if nothing else happens meanwhile
+                asyncio.get_running_loop().call_later(verdict.rescore_in, self.pump)
+            except RuntimeError:  # no event loop (simulator, unit tests drive pump themselves)
+                pass
+        return verdict.candidate
 
     def _reserve(self, job: Job, c: Candidate, reason: str, t0: float, debug: bool = False) -> Placement | None:
         held = self._hold_for_prefix(job, c)

@@ -2,7 +2,7 @@
 
 Responses from workers reach the client byte for byte (status, body, content type); the router
 adds only ``x-sgl-moe-*`` headers saying where the request went and what it predicted. ``forwarding`` owns
-sending a placed request to its worker and relaying the answer (``RequestForwarding``, mixed into ``Router``).
+sending a placed request to its worker and relaying the answer (the ``Router``'s ``Forwarder``).
 """
 
 from __future__ import annotations
@@ -20,18 +20,20 @@ import aiohttp
 import orjson
 from aiohttp import web
 
+from sgl_moe.router.arrival_order import ArrivalOrder
 from sgl_moe.router.auth import auth_middleware
 from sgl_moe.router.block_hash import block_hashes, salt_seed
 from sgl_moe.router.block_index import BlockIndex
 from sgl_moe.router.classify_route import classify
 from sgl_moe.router.config import SECRET_FIELDS, RouterConfig
 from sgl_moe.router.errors import RequestError, WorkerFailure, error_response, json_errors, request_error_response
-from sgl_moe.router.forwarding import RequestForwarding
+from sgl_moe.router.forwarding import Forwarder
 from sgl_moe.router.intake import PARSE_INLINE_BYTES, Attempt, read_body, single_prompt, worker_auth_headers
 from sgl_moe.router.job import Job, Placement
 from sgl_moe.router.metrics import RouterMetrics
 from sgl_moe.router.parsed_request import ParsedRequest
 from sgl_moe.router.pending import PendingLedger
+from sgl_moe.router.prefix_memo import page_hashes
 from sgl_moe.router.quarantine import QuarantineLane
 from sgl_moe.router.request_parsing import parse_request
 from sgl_moe.router.scheduler import NoWorkers, QueueFull, QueueTimeout, Scheduler
@@ -51,9 +53,9 @@ the request on the worker when the client goes away."""
 RESPONSE_HEADERS = ("content-type",)
 
 
-class Router(RequestForwarding):
-    """The app's state and handlers; ``run`` and ``forward`` (``RequestForwarding``'s) are the hooks other
-    routes (classify) use."""
+class Router:
+    """The app's state and handlers; ``run`` and ``forwarder.forward`` are the hooks other routes (classify)
+    use."""
 
     def __init__(self, cfg: RouterConfig) -> None:
         self.cfg = cfg
@@ -66,11 +68,11 @@ class Router(RequestForwarding):
         """Suspects run here, alone and one at a time (``quarantine``)."""
         self.metrics = RouterMetrics(self)
         self.suspects = SuspectList(cfg.suspect_ttl_s)
-        self.aborts = 0
-        """Requests aborted on their worker because the client went away."""
-        self.abort_failures = 0
-        """Of those, aborts the worker did not accept within ``--abort-timeout-s`` (counted as lost)."""
+        self.forwarder: Forwarder | None = None
+        """Sends placed requests to their workers and relays the answers (``forwarding``); made in ``start``."""
         self._tasks: list[asyncio.Task] = []
+        self.order = ArrivalOrder()
+        """Requests are placed in the order their bodies arrived (``arrival_order``), wherever they were parsed."""
         self._pump_due = False
         """A pump is scheduled for the next turn of the event loop (``_on_capacity``)."""
 
@@ -83,6 +85,7 @@ class Router(RequestForwarding):
         self.pool = WorkerPool(self.cfg, self.index, self.ledger, self.session, on_change=self._on_capacity)
         self.scheduler = Scheduler(self.cfg, self.pool, self.index, self.ledger)
         self.scheduler.pump_soon = self._on_capacity
+        self.forwarder = Forwarder(self.session, self.scheduler.release, self.cfg.abort_timeout_s)
         self.lane = QuarantineLane(self.scheduler, self.pool, self.cfg.queue_timeout_s)
         self._tasks.append(asyncio.create_task(self.pool.health_loop(), name="health"))
         for url in self.cfg.worker_urls:
@@ -91,6 +94,8 @@ class Router(RequestForwarding):
     async def stop(self, app: web.Application) -> None:
         for task in self._tasks:
             task.cancel()
+        if self.forwarder:
+            self.forwarder.cancel()
         if self.pool:
             await self.pool.close()
         if self.session:
@@ -150,6 +155,15 @@ class Router(RequestForwarding):
             return error_response(503, "no worker is registered yet; add one with POST /workers or wait for the "
                                   "workers given with --worker-urls to start", kind="unavailable",
                                   headers={"Retry-After": "5"})
+        ticket = self.order.ticket()
+        try:
+            return await self._handle_in_order(request, endpoint, raw, rid, ticket)
+        finally:
+            self.order.leave(ticket)  # an early answer or the client gone: the next request may be placed
+
+    async def _handle_in_order(self, request: web.Request, endpoint: str, raw: bytes, rid: str,
+                               ticket: int) -> web.StreamResponse:
+        pool = self.pool
         t_tok = time.perf_counter()
         try:
             parse = functools.partial(parse_request, endpoint, raw, tokenizer=pool.tokenizer,
@@ -159,6 +173,7 @@ class Router(RequestForwarding):
         except RequestError as exc:
             return request_error_response(exc)
         self.metrics.tokenize_seconds.observe(time.perf_counter() - t_tok)
+        await self.order.wait_turn(ticket)
         client_rid = parsed.body.pop("rid", None) if endpoint in RID_ENDPOINTS else None
         body = orjson.dumps(parsed.body)
         fingerprint = SuspectList.fingerprint(endpoint, body)  # without any rid: a resent request matches
@@ -168,9 +183,9 @@ class Router(RequestForwarding):
                 client_rid = abort_rid = f"sgl-moe-{uuid.uuid4().hex}"  # unique: SGLang aborts by rid prefix
             elif isinstance(client_rid, str):
                 abort_rid = client_rid
-            if client_rid is not None:
+            if client_rid is not None:  # appended to the bytes already made, as `body["rid"] = ...` would be
                 parsed.body["rid"] = client_rid
-                body = orjson.dumps(parsed.body)
+                body = body[:-1] + (b',"rid":' if len(body) > 2 else b'"rid":') + orjson.dumps(client_rid) + b"}"
         refusal = self.refuse_suspect(rid, fingerprint)
         if refusal is not None:
             return refusal
@@ -181,9 +196,11 @@ class Router(RequestForwarding):
             if h in request.headers:
                 headers[h] = request.headers[h]
         attempt = Attempt(endpoint, body, headers, fingerprint, abort_rid)
+        # ``run`` places (or queues) the request before its first await; the next ticket's task resumes only then.
+        self.order.leave(ticket)
         if parsed.stream:
-            return await self.run(rid, parsed, lambda p: self._stream(request, attempt, p), attempt)
-        return await self.run(rid, parsed, lambda p: self.forward(endpoint, body, headers, p, parsed, attempt),
+            return await self.run(rid, parsed, lambda p: self.forwarder.stream(request, attempt, p), attempt)
+        return await self.run(rid, parsed, lambda p: self.forwarder.forward(endpoint, body, headers, p, attempt),
                               attempt)
 
     def refuse_suspect(self, rid: str, fingerprint: bytes) -> web.Response | None:
@@ -298,7 +315,9 @@ class Router(RequestForwarding):
         # LoRA and extra_key blocks are published without their namespace: no affinity (see block_hash).
         if parsed.affinity and ns.lora_name is None and ns.extra_key is None:
             seed = salt_seed(ns.cache_salt) if ns.cache_salt else None
-            keys = [block_hashes(p, page, seed) for p in parsed.prompts]
+            paths = parsed.memo_paths or [()] * len(parsed.prompts)
+            keys = [page_hashes(path, p, page, seed) if path else block_hashes(p, page, seed)
+                    for p, path in zip(parsed.prompts, paths)]
         return Job(rid=rid, prompt_lens=[len(p) for p in parsed.prompts], keys=keys,
                    shared_prefix_len=parsed.shared_prefix_len, max_new_tokens=parsed.max_new_tokens)
 

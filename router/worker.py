@@ -1,7 +1,8 @@
 """One worker as the router sees it: what it reported (``WorkerInfo``), its Θ, its load and its counters.
 
 Θ comes from the worker's info unless the router's ``--saturation-flops`` pins it, and is installed in
-one place, ``Worker.install``: when the worker joins, when a calibrated Θ arrives, and when it restarts.
+one place, ``Worker.install``: when the worker joins, when a calibrated Θ arrives, and when it restarts (the
+pool does each, ``WorkerPool.admit`` and ``WorkerPool.install``, and counts them).
 """
 
 from __future__ import annotations
@@ -53,10 +54,6 @@ class WorkerCounters:
     table_resets: int = 0
     restarts: int = 0
 
-
-INSTALLS = 0
-"""Times any worker installed an info (Θ or the request overhead may have changed): a load-ordered view
-built before the latest install is rebuilt (``Scheduler.uniform_view``)."""
 
 MIN_OBSERVED_REQUESTS = 4
 """Requests a worker must have finished before the router trusts the speed it observed there."""
@@ -117,9 +114,8 @@ class Worker:
     def install(self, info: WorkerInfo, pinned_theta: float | None, pinned_overhead: float | None = None) -> None:
         """Adopt the worker's latest info and its Θ (seed 000 App. B.4: installed on receipt), unless the
         router's ``--saturation-flops`` (``pinned_theta``) pins Θ for every worker. The request overhead is
-        the worker's measurement unless ``--request-overhead-flops`` (``pinned_overhead``) pins it."""
-        global INSTALLS
-        INSTALLS += 1
+        the worker's measurement unless ``--request-overhead-flops`` (``pinned_overhead``) pins it. A worker in a
+        pool installs through ``WorkerPool.install``, which counts installs for the scheduler's load-ordered view."""
         self.info = info
         measured = info.saturation.request_overhead_flops or 0.0
         self.request_overhead_flops = measured if pinned_overhead is None else pinned_overhead

@@ -64,6 +64,10 @@ class WorkerPool:
         self._adding: set[str] = set()
         self.tokenizer_mismatches = 0
         """Workers whose own ids differed from the router's on the probe set (``tokenizer_probe``)."""
+        self.installs = 0
+        """Infos installed on this pool's workers, joins included (``admit``, ``install``): a Θ or a request
+        overhead may have changed since, so a load-ordered view built before the latest is rebuilt
+        (``Scheduler.uniform_view``)."""
 
     @classmethod
     def without_http(cls, cfg: RouterConfig, index: BlockIndex, ledger: PendingLedger,
@@ -179,6 +183,7 @@ class WorkerPool:
         check_compatible(url, info, self._reference)
         worker = Worker.from_info(worker_id or f"w{self._next_id}", url, info, self.cfg.saturation_flops, learned,
                                   self.cfg.request_overhead_flops)
+        self.installs += 1
         self._next_id += 1
         if self._reference is None:
             self._reference = info
@@ -189,6 +194,11 @@ class WorkerPool:
             self._slot_owner[slot] = worker
         self.workers[worker.id] = worker
         return worker
+
+    def install(self, worker: Worker, info: WorkerInfo) -> None:
+        """Install the worker's latest info and its Θ (``Worker.install``, with the router's pins), and count it."""
+        worker.install(info, self.cfg.saturation_flops, self.cfg.request_overhead_flops)
+        self.installs += 1
 
     async def remove(self, worker_id: str) -> Worker:
         worker = self.workers.pop(worker_id, None)

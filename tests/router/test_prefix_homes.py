@@ -58,6 +58,8 @@ def scheduler(homes: bool, theta: float = 3e7):
                       slots={0: index.add_target()}) for i in range(3)]
 
     class Pool:
+        installs = 0
+
         def __init__(self):
             self.workers = {w.id: w for w in workers}
 

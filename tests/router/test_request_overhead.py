@@ -21,6 +21,7 @@ from sgl_moe.router.job import Job
 from sgl_moe.router.pending import PendingLedger
 from sgl_moe.router.scheduler import Scheduler
 from sgl_moe.router.worker import Worker
+from sgl_moe.router.worker_pool import WorkerPool
 from sgl_moe.wire import SaturationInfo
 from tests.router.test_placement_rules import FLOPS, INFO, PAGE, Clock, Pool
 
@@ -96,24 +97,32 @@ def test_counting_the_overhead_stops_a_hot_prefix_from_piling_on_one_worker():
 
 
 def test_a_new_theta_or_overhead_rebuilds_the_load_ordered_view():
-    index = BlockIndex()
-    pool = Pool(index, 2, theta=1e6)
-    sched = Scheduler(RouterConfig(), pool, index, PendingLedger(index, ttl_s=10), clock=Clock())
-    workers = pool.routable()
+    def two_workers(**cfg) -> tuple[WorkerPool, Scheduler, list[Worker]]:
+        index, config = BlockIndex(), RouterConfig(**cfg)
+        ledger = PendingLedger(index, ttl_s=10)
+        pool = WorkerPool.without_http(config, index, ledger, on_change=lambda: None)
+        for i in range(2):
+            pool.admit(f"http://w{i}", replace(INFO, saturation=SaturationInfo(1e6, "profile", "calibrated")))
+        return pool, Scheduler(config, pool, index, ledger, clock=Clock()), pool.routable()
+
+    pool, sched, workers = two_workers()
     first = sched.uniform_view(workers)
     assert first is not None and sched.uniform_view(workers) is first
     info = replace(INFO, saturation=SaturationInfo(5e6, "profile", "calibrated", request_overhead_flops=FULL))
     for w in workers:
-        w.install(info, None)
+        pool.install(w, info)
     view = sched.uniform_view(workers)
     assert view is not first and view.theta == 5e6
-    workers[0].install(replace(info, saturation=replace(info.saturation, request_overhead_flops=0.0)), None)
+    measured_none = replace(info, saturation=replace(info.saturation, request_overhead_flops=0.0))
+    pool.install(workers[0], measured_none)
     assert sched.uniform_view(workers) is None  # two cost models: the fast path's precondition fails
-    # --request-overhead-flops pins one overhead for every worker (each measured its own): uniform again.
-    for w in workers:
-        w.install(w.info, None, pinned_overhead=1e5)
+    # --request-overhead-flops pins one overhead for every worker (each measured its own): uniform.
+    pool, sched, workers = two_workers(request_overhead_flops=1e5)
+    first = sched.uniform_view(workers)
+    pool.install(workers[0], measured_none)
+    pool.install(workers[1], info)
     view = sched.uniform_view(workers)
-    assert view is not None and {w.request_overhead_flops for w in workers} == {1e5}
+    assert view is not None and view is not first and {w.request_overhead_flops for w in workers} == {1e5}
     assert workers[0].info.saturation.request_overhead_flops == 0.0  # the measurement itself is kept
 
 

@@ -23,6 +23,8 @@ INFO = WorkerInfo(model_name="test", page_size=PAGE, flops=FLOPS, saturation=Sat
 class Pool:
     """The part of WorkerPool the scheduler reads."""
 
+    installs = 0
+
     def __init__(self, index, n, theta):
         self.workers = {}
         for i in range(n):

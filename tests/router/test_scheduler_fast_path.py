@@ -26,6 +26,8 @@ INFO = WorkerInfo(model_name="test", page_size=PAGE, flops=FLOPS, saturation=Sat
 
 
 class Pool:
+    installs = 0
+
     def __init__(self, workers):
         self.workers = {w.id: w for w in workers}
 

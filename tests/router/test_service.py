@@ -2,15 +2,18 @@
 
 import inspect
 
+from sgl_moe.router.forwarding import Forwarder
 from sgl_moe.router.service import Router
 
-HOOKS = ("run", "forward")
+HOOKS = {Router: ("run",), Forwarder: ("forward",)}
+"""``classify_route`` places through ``router.run`` and forwards through ``router.forwarder.forward``."""
 
 
 def test_published_hooks_are_public_documented_coroutines():
-    for name in HOOKS:
-        method = getattr(Router, name)
-        assert inspect.iscoroutinefunction(method) and inspect.getdoc(method), name
+    for cls, names in HOOKS.items():
+        for name in names:
+            method = getattr(cls, name)
+            assert inspect.iscoroutinefunction(method) and inspect.getdoc(method), (cls.__name__, name)
 
 
 def test_stored_blocks_pump_the_queue_once_per_event_loop_turn():

@@ -57,12 +57,13 @@ def test_admit_installs_theta_from_the_worker_unless_the_router_pins_it():
     assert (w.id, w.theta, w.theta_source, w.flops) == ("w0", 5e9, "worker: fixed source", FLOPS)
     assert (p.model_name, p.page_size, p.context_length) == ("m", 16, 4096)
     calibrated = replace(INFO, saturation=SaturationInfo(7e9, "calibrated source", "calibrated"))
-    w.install(calibrated, None)
+    p.install(w, calibrated)
     assert (w.theta, w.theta_source, w.info) == (7e9, "worker: calibrated source", calibrated)
+    assert p.installs == 2  # the join's and the calibrated one: the scheduler rebuilds its load-ordered view
     pinned, _ = pool(saturation_flops=1e9)
     w = pinned.admit("http://a", INFO)
     assert (w.theta, w.theta_source) == (1e9, "router flag --saturation-flops")
-    w.install(calibrated, 1e9)
+    pinned.install(w, calibrated)
     assert w.theta == 1e9 and w.info is calibrated
 
 

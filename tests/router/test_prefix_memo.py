@@ -1,0 +1,190 @@
+"""The prefix memo gives exactly the ids of a whole encode, for every fixture tokenizer.
+
+Properties, checked with seeded random and adversarial texts:
+- a cut ``CutRule`` allows splits the ids: ``plain(t[:c]) + plain(t[c:]) == plain(t)``, at every allowed position
+  of texts built to break it (whitespace runs at the cut, combining characters, emoji ZWJ sequences, special
+  tokens written as text, chat-template output);
+- the memo's ids equal ``encode_batch`` without it, for streams of texts that share prefixes of random length;
+- its page hashes equal ``block_hashes`` of those ids; eviction and threads change nothing;
+- a memo whose rule is wrong is caught by the sampled whole encode and turns itself off.
+"""
+
+import json
+import random
+import shutil
+import threading
+
+import pytest
+
+from sgl_moe.router.block_hash import block_hashes, salt_seed
+from sgl_moe.router.prefix_memo import PrefixMemo, page_hashes
+from sgl_moe.router.router_tokenizer import RouterTokenizer
+from sgl_moe.router.token_cuts import CutRule
+from sgl_moe.worker.info import tokenizer_files
+
+from .test_router_tokenizer import DECLARED, GENERIC, MESSAGES, PROBES, variant_dir
+
+ATOMS = [
+    "the", "cat", "Hello", "world", "x", "42", "3.14", "naïve", "café", "e\u0301", "a\u0308\u0301", "中文", "日本語",
+    "한국어", "\u1100\u1161", "Ελλάδα", "مرحبا", "🙂", "👨\u200d👩\u200d👧", "👍🏽", "\u200b", "\ufffd", "\u00a0",
+    " ", "  ", "   ", "\t", "\n", "\n\n", " \n", "\r\n", "  \n  ", "\n ", ".", ",", "'s", "'ll", "--", "...", "#", "|",
+    "-", "`", "(", ")", "{", "}", "<", ">", "/", "<s>", "</s>", "<unk>", "<pad>", "<|im_start|>", "<|im_end|>",
+    "<|endoftext|>", "<think>", "</think>", "[INST]", "[/INST]", "<|im_start|", "<s", "s>", "▁", "▁▁", "def", "return",
+]
+"""Pieces random texts are made of: words, numbers, combining sequences, ZWJ emoji, whitespace runs, newlines,
+punctuation, special and added tokens written as text (and broken ones)."""
+
+TOKENIZERS = ["shipped", "qwen", "llama", "qwen-as-llama-fast", *DECLARED, *GENERIC]
+
+
+def random_text(rng: random.Random, n: int) -> str:
+    return "".join(rng.choice(ATOMS) if rng.random() < 0.6 else rng.choice(ATOMS[:10]) + " " for _ in range(n))
+
+
+def chat_texts(tok: RouterTokenizer) -> list[str]:
+    if not tok.has_chat_template:
+        return []
+    return [tok.apply_chat_template(MESSAGES[:k], add_generation_prompt=add) for k in (1, 2, 4) for add in (True,
+                                                                                                             False)]
+
+
+@pytest.fixture(scope="module")
+def tokenizers(request, variants_root):
+    def load(name):
+        if name == "qwen-as-llama-fast":  # a byte-level tokenizer.json declared LlamaTokenizerFast
+            qwen = request.getfixturevalue("qwen_model_dir")
+            out = variants_root / name
+            if not out.exists():
+                shutil.copytree(qwen, out)
+                config = json.loads((out / "tokenizer_config.json").read_text())
+                config.update(tokenizer_class="LlamaTokenizerFast", add_bos_token=True)
+                (out / "tokenizer_config.json").write_text(json.dumps(config))
+            model_dir = out
+        else:
+            model_dir = variant_dir(name, request, variants_root)
+        files = tokenizer_files(str(model_dir)).files
+        return RouterTokenizer.from_file_bytes({f: (model_dir / f).read_bytes() for f in files})
+
+    cache = {}
+    return lambda name: cache.setdefault(name, load(name)) if name not in cache else cache[name]
+
+
+@pytest.fixture(scope="module")
+def variants_root(tmp_path_factory):
+    return tmp_path_factory.mktemp("memo-tokenizers")
+
+
+def plain(tok, texts):
+    return [e.ids for e in tok.backend.encode_batch_fast(texts, add_special_tokens=False)]
+
+
+def full(tok, texts):
+    return [e.ids for e in tok.backend.encode_batch_fast(texts, add_special_tokens=True)]
+
+
+@pytest.mark.parametrize("name", TOKENIZERS)
+def test_an_allowed_cut_splits_the_ids(name, tokenizers):
+    tok = tokenizers(name)
+    if tok.memo is None:
+        pytest.skip(f"{name}: no memo ({tok.memo_off_reason})")
+    rule, rng = tok.memo.rule, random.Random(name)
+    texts = [*PROBES, *chat_texts(tok)] + [random_text(rng, rng.randint(5, 60)) for _ in range(150)] + [
+        "\n".join(random_text(rng, 4) for _ in range(8)) for _ in range(50)]  # lines: where regex pieces are cut
+    checked = 0
+    for text in texts:
+        whole = plain(tok, [text])[0]
+        cuts = [c for c in range(1, len(text)) if rule.allows(text, c)]
+        pairs = plain(tok, [p for c in cuts for p in (text[:c], text[c:])])
+        for i, c in enumerate(cuts):
+            assert pairs[2 * i] + pairs[2 * i + 1] == whole, (name, text, c)
+        checked += len(cuts)
+    assert checked > 100, f"{name}: the rule allowed only {checked} cuts"
+
+
+@pytest.mark.parametrize("name", TOKENIZERS)
+def test_memo_ids_equal_a_whole_encode(name, tokenizers):
+    tok = tokenizers(name)
+    if tok.memo is None:
+        pytest.skip(f"{name}: no memo ({tok.memo_off_reason})")
+    memo = fresh(tok, segment_chars=24)
+    rng = random.Random(f"stream-{name}")
+    bases = ["\n".join(random_text(rng, 8) for _ in range(10)) for _ in range(6)] + chat_texts(tok)
+    texts = []
+    for _ in range(120):
+        base = rng.choice(bases)
+        cut = rng.randint(0, len(base))
+        texts.append(base[:cut] + random_text(rng, rng.randint(0, 8)))
+    for batch in (texts[i:i + rng.randint(1, 5)] for i in range(0, len(texts), 5)):
+        ids, paths = memo.encode_batch(batch)
+        assert ids == full(tok, batch), (name, batch)
+        for p, path in zip(ids, paths):
+            for page, seed in ((1, None), (4, None), (16, salt_seed("tenant"))):
+                assert page_hashes(path, p, page, seed) == block_hashes(p, page, seed)
+    assert memo.stats.memo_ids > 300 and memo.stats.mismatches == 0
+    assert tok.encode_batch(texts) == full(tok, texts)  # the tokenizer's own memo too
+
+
+def fresh(tok, **kw) -> PrefixMemo:
+    """A memo like the tokenizer's own, without the sampled check (the property is what is tested)."""
+    memo = tok.memo
+    return PrefixMemo(memo.rule, memo._encode_plain, memo._encode_full, memo.prefix, memo.suffix,
+                      check_every=10**9, **kw)
+
+
+def test_which_tokenizers_are_cut(tokenizers):
+    """The fixture tokenizers the memo serves, and why the others are encoded whole."""
+    families = {name: (tokenizers(name).memo.rule.family if tokenizers(name).memo else tokenizers(name).memo_off_reason)
+                for name in ["shipped", "qwen", "llama", "qwen-as-llama-fast", "as-codellama"]}
+    assert families["shipped"] == "whole-text-bpe"
+    assert families["qwen"] == "regex-pieces"
+    assert families["qwen-as-llama-fast"] == "regex-pieces"  # SGLang's fix restores the file's pre-tokenizer
+    assert families["llama"] == "whole-text-bpe"
+    assert tokenizers("llama").memo.prefix == [1]  # BOS in front of the memoised ids
+    assert tokenizers("as-codellama").memo is None  # overrides encoding: not a stock tokenizer
+
+
+def test_a_wrong_rule_is_caught_by_the_sampled_check(tokenizers):
+    tok = tokenizers("shipped")
+    rule = tok.memo.rule
+    anything = CutRule("whole-text-bpe", frozenset(), {}, False, False, frozenset(), rule.added_pattern, 0, False)
+    memo = PrefixMemo(anything, tok.memo._encode_plain, tok.memo._encode_full, [], [], segment_chars=3,
+                      check_every=1)
+    text = "Hello world, the cat sat on the mat. " * 4
+    ids, paths = memo.encode_batch([text])
+    assert ids == full(tok, [text])  # the check's whole encode is what is returned
+    assert memo.stats.mismatches == 1 and not memo.enabled and "differ" in memo.disabled_reason
+    assert memo.encode_batch([text + "x"])[0] == full(tok, [text + "x"]) and memo.tokens == 0
+
+
+def test_eviction_keeps_the_budget_and_the_ids(tokenizers):
+    tok = tokenizers("qwen")
+    memo = fresh(tok, segment_chars=16, budget_tokens=300)
+    rng = random.Random(3)
+    lines = [random_text(rng, 6) for _ in range(30)]
+    texts = ["\n".join(rng.choice(lines[:5]) for _ in range(rng.randint(1, 8))) + "\n" + rng.choice(lines)
+             for _ in range(80)]
+    for t in texts:
+        assert memo.encode_batch([t])[0] == full(tok, [t])
+        assert memo.tokens <= 300
+    assert memo.stats.memo_ids > 0
+
+
+def test_threads_share_one_memo(tokenizers):
+    tok = tokenizers("shipped")
+    memo = fresh(tok, segment_chars=32)
+    rng = random.Random(5)
+    bases = [random_text(rng, 60) for _ in range(4)]
+    texts = [rng.choice(bases)[: rng.randint(50, 300)] + random_text(rng, 3) for _ in range(200)]
+    errors = []
+
+    def work(chunk):
+        for t in chunk:
+            if memo.encode_batch([t])[0] != full(tok, [t]):
+                errors.append(t)
+
+    threads = [threading.Thread(target=work, args=(texts[i::4],)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors and memo.stats.texts == 200
