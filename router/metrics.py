@@ -144,23 +144,24 @@ class _StateCollector:
             m = counter(name, doc)
             m.add_metric([], value)
             yield m
-        memo = pool.tokenizer.memo if pool.tokenizer is not None else None
-        if memo is not None:
-            stats = memo.stats
-            for name, doc, value in (
-                ("prefix_memo_texts", "Texts encoded through the prefix memo", stats.texts),
-                ("prefix_memo_ids", "Token ids taken from the prefix memo instead of encoded", stats.memo_ids),
-                ("prefix_memo_encoded_chars", "Characters the prefix memo still had the tokenizer encode",
-                 stats.encoded_chars),
-                ("prefix_memo_checks", "Memoised encodes compared with a whole encode", stats.checks),
-                ("prefix_memo_mismatches", "Memoised encodes that differed from a whole encode (the memo then turns "
-                 "itself off)", stats.mismatches),
-            ):
-                m = counter(name, doc)
-                m.add_metric([], value)
-                yield m
-            on = gauge("prefix_memo_enabled", "1 while the prefix memo serves the router's tokenizer")
-            on.add_metric([], 1.0 if memo.enabled else 0.0)
-            held = gauge("prefix_memo_tokens", "Token ids the prefix memo holds")
-            held.add_metric([], memo.tokens)
-            yield from (on, held)
+        tok = pool.tokenizer
+        memos = {"generate": tok.memo, "plain": tok.plain_memo} if tok is not None and tok.memo is not None else {}
+        if memos:  # by kind: ``generate`` (special tokens added), ``plain`` (chat prompts, decisions, classify)
+            families = [
+                (counter("prefix_memo_texts", "Texts encoded through the prefix memo", ["kind"]), "texts"),
+                (counter("prefix_memo_ids", "Token ids taken from the prefix memo instead of encoded", ["kind"]),
+                 "memo_ids"),
+                (counter("prefix_memo_encoded_chars", "Characters the prefix memo still had the tokenizer encode",
+                         ["kind"]), "encoded_chars"),
+                (counter("prefix_memo_checks", "Memoised encodes compared with a whole encode", ["kind"]), "checks"),
+                (counter("prefix_memo_mismatches", "Memoised encodes that differed from a whole encode (the memo "
+                         "then turns itself off)", ["kind"]), "mismatches"),
+            ]
+            on = gauge("prefix_memo_enabled", "1 while the prefix memo serves the router's tokenizer", ["kind"])
+            held = gauge("prefix_memo_tokens", "Token ids the prefix memo holds", ["kind"])
+            for kind, memo in memos.items():
+                for family, attr in families:
+                    family.add_metric([kind], getattr(memo.stats, attr))
+                on.add_metric([kind], 1.0 if memo.enabled else 0.0)
+                held.add_metric([kind], memo.tokens)
+            yield from (*(f for f, _ in families), on, held)

@@ -195,19 +195,25 @@ class RouterTokenizer:
             self.backend.no_padding()
             self.backend.encode_special_tokens = bool(getattr(hf, "split_special_tokens", False))
         self.memo: PrefixMemo | None = None
-        """Ids of prefixes seen before (``prefix_memo``); None when this tokenizer's texts are encoded whole."""
+        """Ids of prefixes seen before (``prefix_memo``), special tokens added; None when this tokenizer's texts
+        are encoded whole."""
+        self.plain_memo: PrefixMemo | None = None
+        """The same for ``encode_plain`` (rendered chat prompts, decisions, classify's tasks)."""
         self.memo_off_reason = "a tokenizer that is not a stock fast tokenizer" if not self._stock else ""
         if self._stock:
-            self.memo, self.memo_off_reason = self._prefix_memo()
+            self.memo, self.plain_memo, self.memo_off_reason = self._prefix_memos()
+        log.info("prefix memo %s", f"on ({self.memo.rule.family} cuts)" if self.memo else
+                 f"off: {self.memo_off_reason}; every text is encoded whole")
 
-    def _prefix_memo(self) -> tuple[PrefixMemo | None, str]:
+    def _prefix_memos(self) -> tuple[PrefixMemo | None, PrefixMemo | None, str]:
         rule, why = CutRule.of(self.backend)
         if rule is None:
-            return None, why
+            return None, None, why
         specials = _added_around(self._encode_plain_batch, self._encode_full_batch)
         if specials is None:
-            return None, "the special tokens added around a text depend on the text"
-        return PrefixMemo(rule, self._encode_plain_batch, self._encode_full_batch, *specials), ""
+            return None, None, "the special tokens added around a text depend on the text"
+        return (PrefixMemo(rule, self._encode_plain_batch, self._encode_full_batch, *specials),
+                PrefixMemo(rule, self._encode_plain_batch, self._encode_plain_batch, [], []), "")
 
     def _encode_plain_batch(self, texts: list[str]) -> list[list[int]]:
         return [e.ids for e in self.backend.encode_batch_fast(texts, add_special_tokens=False)]
@@ -278,6 +284,8 @@ class RouterTokenizer:
 
     def encode_plain(self, text: str) -> list[int]:
         """The ids of ``text`` with no special tokens added (rendered chat prompts, score items)."""
+        if self.plain_memo is not None and self.plain_memo.enabled:
+            return self.plain_memo.encode_batch([text])[0][0]
         if self._stock:
             return self.backend.encode_batch_fast([text], add_special_tokens=False)[0].ids
         return self.hf.encode(text, add_special_tokens=False)

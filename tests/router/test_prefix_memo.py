@@ -188,3 +188,37 @@ def test_threads_share_one_memo(tokenizers):
     for t in threads:
         t.join()
     assert not errors and memo.stats.texts == 200
+
+
+def test_in_service_the_memo_serves_shared_prefixes_and_reports_it(tmp_path_factory):
+    """Through the router: the second request's prefix ids come from the memo, the worker receives the ids of a
+    whole encode, and ``/metrics`` says how many ids the memo gave."""
+    from doubles.stand_in import tokenizer_dir
+
+    from sgl_moe.router.service import ROUTER
+
+    from .test_hardening import Setup
+
+    setup = Setup(tokenizer_dir(tmp_path_factory.mktemp("tok"), template=True))
+    try:
+        client = setup.client("memo")
+        tok = client.server.app[ROUTER].pool.tokenizer
+        shared = "\n".join(f"Rule {i}: answer with one word, the label that fits the text best." for i in range(30))
+        texts = [f"{shared}\nText: the cat sat on mat number {i}." for i in range(3)]
+        for text in texts:
+            status, _, _ = setup.call(client, "POST", "/generate", json={"text": text,
+                                                                        "sampling_params": {"max_new_tokens": 0}})
+            assert status == 200
+        sent = [body["input_ids"] for s in setup.stand_ins for path, body in s.received if path == "/generate"]
+        assert sorted(sent) == sorted(full(tok, texts))
+
+        async def metrics() -> str:
+            async with client.get("/metrics") as r:
+                return await r.text()
+        text = setup.loop.run_until_complete(metrics())
+        ids_line = 'sgl_moe_router_prefix_memo_ids_total{kind="generate"}'
+        line = next(x for x in text.splitlines() if x.startswith(ids_line))
+        assert float(line.split()[-1]) >= 2 * len(full(tok, [shared])[0]) * 0.8
+        assert 'sgl_moe_router_prefix_memo_enabled{kind="generate"} 1.0' in text
+    finally:
+        setup.close()
