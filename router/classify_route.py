@@ -26,7 +26,7 @@ from aiohttp import web
 
 from sgl_moe.router.chat_prompt import chat_prompt, template_message
 from sgl_moe.router.errors import RequestError, error_body, error_response, request_error_response
-from sgl_moe.router.intake import PARSE_INLINE_BYTES, Attempt, read_body
+from sgl_moe.router.intake import Attempt, read_body
 from sgl_moe.router.parsed_request import ParsedRequest
 from sgl_moe.router.prefill_tasks import ScorePlan, Task, TaskError, combine, parse_tasks, plan_score, read_score
 from sgl_moe.router.request_fields import check_model
@@ -150,7 +150,7 @@ async def _classify(router: Router, request: web.Request) -> web.Response:
         check_model({"model": model}, pool.model_name)
         pool.limits.check_count(len(tasks), "inputs")
         plan = functools.partial(plan_units, router, tasks, model, batch)
-        planned = plan() if len(raw) <= PARSE_INLINE_BYTES else await asyncio.to_thread(plan)
+        planned = plan() if len(raw) <= router.cfg.parse_inline_bytes else await asyncio.to_thread(plan)
         pool.limits.check_count(sum(len(units) for units in planned), "inputs")
     except TaskError as exc:
         return error_response(400, exc.message, param=exc.param)

@@ -45,6 +45,9 @@ class RouterConfig:
     max_body_bytes: int = 16 * 2**20
     """Largest request body; a larger one is answered 413 before it is read (Content-Length) or as soon as
     the bytes read exceed it."""
+    parse_inline_bytes: int = 64 * 1024
+    """Bodies up to this size are parsed and tokenized on the event loop; larger ones in a thread (the
+    tokenizers library releases the GIL), placed in arrival order all the same. 0: every body in a thread."""
     max_prompts: int = 1024
     """Most prompts (batch entries, score items, decision options) one request may carry."""
     max_request_tokens: int = 262_144
@@ -165,6 +168,8 @@ class RouterConfig:
                      "header_timeout_s", "body_timeout_s", "suspect_ttl_s", "abort_timeout_s"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"--{name.replace('_', '-')} must be positive, got {getattr(self, name)}")
+        if self.parse_inline_bytes < 0:
+            raise ValueError(f"--parse-inline-bytes must be >= 0, got {self.parse_inline_bytes}")
         if self.prefix_wait_s < 0 or self.prefix_wait_min_tokens < 0:
             raise ValueError("--prefix-wait-s and --prefix-wait-min-tokens must be >= 0")
         if self.max_affinity_wait_s < 0:

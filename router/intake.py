@@ -18,10 +18,6 @@ from aiohttp import web
 from sgl_moe.router.config import RouterConfig
 from sgl_moe.router.errors import error_response
 
-PARSE_INLINE_BYTES = 64 * 1024
-"""Bodies up to this size are parsed and tokenized on the event loop; larger ones in a thread, so that one
-large request never delays ``/health``, ``/metrics`` or the routing of others."""
-
 
 @dataclass(frozen=True)
 class Attempt:

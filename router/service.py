@@ -28,7 +28,7 @@ from sgl_moe.router.classify_route import classify
 from sgl_moe.router.config import SECRET_FIELDS, RouterConfig
 from sgl_moe.router.errors import RequestError, WorkerFailure, error_response, json_errors, request_error_response
 from sgl_moe.router.forwarding import Forwarder
-from sgl_moe.router.intake import PARSE_INLINE_BYTES, Attempt, read_body, single_prompt, worker_auth_headers
+from sgl_moe.router.intake import Attempt, read_body, single_prompt, worker_auth_headers
 from sgl_moe.router.job import Job, Placement
 from sgl_moe.router.metrics import RouterMetrics
 from sgl_moe.router.parsed_request import ParsedRequest
@@ -169,7 +169,7 @@ class Router:
             parse = functools.partial(parse_request, endpoint, raw, tokenizer=pool.tokenizer,
                                       served_model_name=pool.model_name, context_length=pool.context_length,
                                       limits=pool.limits)
-            parsed = parse() if len(raw) <= PARSE_INLINE_BYTES else await asyncio.to_thread(parse)
+            parsed = parse() if len(raw) <= self.cfg.parse_inline_bytes else await asyncio.to_thread(parse)
         except RequestError as exc:
             return request_error_response(exc)
         self.metrics.tokenize_seconds.observe(time.perf_counter() - t_tok)

@@ -80,8 +80,7 @@ def test_a_small_request_does_not_overtake_a_large_one_parsed_in_a_thread(setup,
         return parse(endpoint, raw, **kw)
 
     monkeypatch.setattr(service, "parse_request", slow_parse)
-    monkeypatch.setattr(service, "PARSE_INLINE_BYTES", 1000)
-    client = setup.client("ordered")
+    client = setup.client("ordered", parse_inline_bytes=1000)
     router = client.server.app[ROUTER]
     placed: list[str] = []
     acquire = router.scheduler.acquire
