@@ -105,6 +105,9 @@ class RouterConfig:
     were never taken in closed loops, where the duplicate fits under Θ."""
     prefix_wait_min_tokens: int = 64
     """Hold a request for promised blocks only when they cover at least this many tokens."""
+    prefix_memo: bool = True
+    """Tokenize and page-hash a prefix the router has seen once (``prefix_memo``); off: every text is encoded
+    whole (for comparisons, or should the memo's sampled check ever be doubted)."""
     hold_spills: bool = True
     """A request about to be held for promised blocks goes to another worker with room instead when recomputing
     its prompt there finishes sooner than waiting behind the holder (the spill rule applied to a hold)."""

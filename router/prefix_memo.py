@@ -4,9 +4,10 @@ Texts are cut at *checkpoints*: the first cut ``CutRule`` allows at or after eve
 A checkpoint depends only on the text up to one character past it, so two texts that share a prefix share its
 checkpoints. The memo is a tree of segments (the text between two checkpoints) keyed by their text: a path from
 the root spells a prefix, and each node keeps its segment's ids (no special tokens). A text's ids are the
-special tokens its tokenizer adds in front, the ids along the longest path it matches, the ids of its other
-segments and its tail (encoded in one batch call, which the tokenizers library runs on every core without the
-GIL), and the special tokens added at the end. Cut where ``CutRule`` allows, that equals a whole encode.
+special tokens its tokenizer adds in front, the ids along the longest path it matches, the ids of its next
+``GROW_SEGMENTS`` segments and of the rest (encoded in one batch call, without the GIL), and the special tokens
+added at the end. Cut where ``CutRule`` allows, that equals a whole encode. The new segments become nodes: a
+prefix is memoised a little further each time it is seen, and a text seen once pays for few cuts.
 
 Each node also keeps the page hashes (``block_hash``) of the pages that end inside it, per page size and seed,
 so a shared prefix is hashed once too.
@@ -38,6 +39,9 @@ SEGMENT_CHARS = 256
 before its own new text."""
 BUDGET_TOKENS = 2_000_000
 """Ids the memo keeps (4 bytes each) before it drops the least recently used segments."""
+GROW_SEGMENTS = 4
+"""New segments a text adds after its match (the rest is encoded as one piece): a prefix seen again is memoised
+a few thousand characters further each time, and a text seen once costs little more than a whole encode."""
 CHECK_EVERY = 64
 """One text in this many that the memo helped with is also encoded whole and compared."""
 HASH_KEYS_PER_NODE = 4
@@ -57,7 +61,11 @@ class MemoNode:
     """The segment's ids (uint32)."""
     end: int
     """Ids from the start of the text through this segment, the special tokens added in front included."""
-    children: dict[str, MemoNode] = field(default_factory=dict)
+    chars: int = 0
+    """Characters from the start of the text through this segment."""
+    children: dict[str, dict[str, MemoNode]] = field(default_factory=dict)
+    """Child segments by their first characters up to the next multiple of ``segment_chars`` (every segment
+    from here is at least that long, so a text finds its candidates with one lookup), then by their text."""
     hashes: dict[tuple[int, bytes | None], tuple[list[BlockHash], bytes | None]] = field(default_factory=dict)
     """(page size, seed) -> hashes of the pages that end in this segment, and the chain's digest after them."""
 
@@ -106,12 +114,12 @@ class PrefixMemo:
         """Where ``text`` is cut: the first allowed cut at or after each multiple of ``segment_chars``."""
         return self._checkpoints_from(text, 0)
 
-    def _checkpoints_from(self, text: str, start: int) -> list[int]:
-        """The checkpoints after ``start`` (itself a checkpoint, or 0)."""
+    def _checkpoints_from(self, text: str, start: int, limit: int | None = None) -> list[int]:
+        """The checkpoints after ``start`` (itself a checkpoint, or 0), at most ``limit`` of them."""
         cuts: list[int] = []
         step = self.segment_chars
         target = (start // step + 1) * step
-        while target < len(text):
+        while target < len(text) and (limit is None or len(cuts) < limit):
             c = self._next_cut(text, target)
             if c is None:
                 break
@@ -172,15 +180,20 @@ class PrefixMemo:
         with self._lock:
             node = self._root
             while node.children:
-                child = next((c for key, c in node.children.items() if start + len(key) < n
-                              and text.startswith(key, start) and allows(text, start + len(key))), None)
-                if child is None:
+                bucket = node.children.get(text[start:self._head_end(start)])
+                child = bucket and next((c for key, c in bucket.items() if start + len(key) < n
+                                         and text.startswith(key, start) and allows(text, start + len(key))), None)
+                if not child:
                     break
-                node, start = child, start + len(child.key)
+                node, start = child, child.chars
                 path.append(child)
-        cuts = self._checkpoints_from(text, start)
+        cuts = self._checkpoints_from(text, start, GROW_SEGMENTS)
         bounds = [start, *cuts, n]
         return _Plan(node, path, [text[a:b] for a, b in zip(bounds, bounds[1:])])
+
+    def _head_end(self, start: int) -> int:
+        """The next checkpoint's earliest place after a checkpoint at ``start``."""
+        return (start // self.segment_chars + 1) * self.segment_chars
 
     def _assemble(self, plan: _Plan, encoded: list[list[int]]) -> tuple[list[int], MemoPath]:
         """Under the lock: the text's ids; new checkpoint segments become nodes; the path is touched."""
@@ -191,10 +204,11 @@ class PrefixMemo:
         memo_ids = len(ids) - len(self.prefix)
         node = plan.node
         for seg, seg_ids in zip(plan.to_encode[:-1], encoded):  # every piece but the tail ends at a checkpoint
-            child = node.children.get(seg)
+            bucket = node.children.setdefault(seg[:self._head_end(node.chars) - node.chars], {})
+            child = bucket.get(seg)
             if child is None:
-                child = MemoNode(node, seg, array.array("I", seg_ids), node.end + len(seg_ids))
-                node.children[seg] = child
+                child = MemoNode(node, seg, array.array("I", seg_ids), node.end + len(seg_ids), node.chars + len(seg))
+                bucket[seg] = child
                 self.tokens += len(seg_ids)
             node = child
             path.append(node)
@@ -213,8 +227,12 @@ class PrefixMemo:
         while self.tokens > self.budget_tokens and self._lru:
             _, node = self._lru.popitem(last=False)
             parent = node.parent
-            if parent is not None and parent.children.get(node.key) is node:
-                del parent.children[node.key]
+            head = node.key[:self._head_end(parent.chars) - parent.chars] if parent is not None else ""
+            bucket = parent.children.get(head) if parent is not None else None
+            if bucket is not None and bucket.get(node.key) is node:
+                del bucket[node.key]
+                if not bucket:
+                    del parent.children[head]
             self.tokens -= len(node.ids)
 
     def _check(self, texts: list[str], out: list[list[int]], paths: list[MemoPath]) -> None:

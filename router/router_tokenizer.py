@@ -205,6 +205,12 @@ class RouterTokenizer:
         log.info("prefix memo %s", f"on ({self.memo.rule.family} cuts)" if self.memo else
                  f"off: {self.memo_off_reason}; every text is encoded whole")
 
+    def drop_memo(self, reason: str) -> None:
+        """Encode every text whole from now on."""
+        self.memo = self.plain_memo = None
+        self.memo_off_reason = reason
+        log.info("prefix memo off: %s", reason)
+
     def _prefix_memos(self) -> tuple[PrefixMemo | None, PrefixMemo | None, str]:
         rule, why = CutRule.of(self.backend)
         if rule is None:

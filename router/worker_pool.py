@@ -108,6 +108,8 @@ class WorkerPool:
             self.check_new_instance(url, info)
             if self.tokenizer is None:
                 self.tokenizer = await self.discovery.fetch_tokenizer(url, info)
+                if not self.cfg.prefix_memo:
+                    self.tokenizer.drop_memo("--no-prefix-memo")
             check = await self.verify_tokenizer(url, self.tokenizer)
             learned = self.plain.learned_about(url, info)
             self.check_new_instance(url, info)  # again: another URL of the same worker may have joined meanwhile

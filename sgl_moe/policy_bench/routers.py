@@ -15,6 +15,8 @@ from sgl_moe.harness.worker_process import free_port, stop_process_group
 OURS = ("longest_block_match", "round_robin", "least_flops")
 SGLANG_ROUTER = ("cache_aware", "power_of_two")
 POLICIES = OURS + SGLANG_ROUTER
+SGLANG_ROUTER_POLICIES = ("random", "round_robin", "cache_aware", "power_of_two")
+"""Every ``--policy`` sglang-router accepts in front of plain workers (``engine="sglang-router"``)."""
 
 
 def label(policy: str) -> str:
@@ -22,11 +24,21 @@ def label(policy: str) -> str:
 
 
 class RouterUnderTest:
-    """Either ``python -m sgl_moe.router --policy P`` or ``python -m sglang_router.launch_router --policy P``."""
+    """Either ``python -m sgl_moe.router --policy P`` or ``python -m sglang_router.launch_router --policy P``.
 
-    def __init__(self, policy: str, worker_urls: list[str], log_path: Path, extra_args: list[str] | None = None):
-        if policy not in POLICIES:
-            raise ValueError(f"unknown policy {policy!r}; choose from {', '.join(POLICIES)}")
+    Which one follows from the policy's name (``OURS`` or ``SGLANG_ROUTER``) unless ``engine`` says:
+    ``engine="sglang-router"`` runs a name both have (``round_robin``) with sglang-router."""
+
+    def __init__(self, policy: str, worker_urls: list[str], log_path: Path, extra_args: list[str] | None = None,
+                 engine: str | None = None):
+        if engine is None:
+            if policy not in POLICIES:
+                raise ValueError(f"unknown policy {policy!r}; choose from {', '.join(POLICIES)}")
+            engine = "sgl_moe" if policy in OURS else "sglang-router"
+        elif engine not in ("sgl_moe", "sglang-router") or \
+                policy not in (OURS if engine == "sgl_moe" else SGLANG_ROUTER_POLICIES):
+            raise ValueError(f"unknown {engine} policy {policy!r}")
+        self.engine = engine
         self.policy = policy
         self.worker_urls = worker_urls
         self.log_path = log_path
@@ -42,7 +54,7 @@ class RouterUnderTest:
         return f"http://127.0.0.1:{self.port}"
 
     def start(self, timeout: float = 120.0) -> None:
-        if self.policy in OURS:
+        if self.engine == "sgl_moe":
             self._ours = RouterProcess(log_path=self.log_path, worker_urls=self.worker_urls, port=self.port,
                                        args=["--policy", self.policy, "--log-level", "info", *self.extra_args])
             self._ours.start()

@@ -38,6 +38,10 @@ class StandInWorker:
     """Fixed seconds per batch."""
     port: int = 0
     instance_id: str = field(default_factory=lambda: uuid.uuid4().hex)
+    tokenize: bool = True
+    """False: answer without tokenizing or hashing (``prompt_tokens`` is the length of ``input_ids``, or of
+    the text / 4; ``cached_tokens`` 0), so a text prompt (sglang-router's) costs the stand-in no more than
+    token ids (sgl_moe's): for measuring what sits in front of the worker (benchmarks/router_capacity.py)."""
 
     def __post_init__(self) -> None:
         self._cache: OrderedDict[int, None] = OrderedDict()
@@ -92,6 +96,11 @@ class StandInWorker:
 
         async def generate(request: web.Request) -> web.Response:
             body = await request.json()
+            if not self.tokenize:
+                n = len(body["input_ids"]) if "input_ids" in body else max(1, len(body.get("text") or "") // 4)
+                await self._compute(n)
+                return web.json_response({"text": "", "meta_info": {"prompt_tokens": n, "cached_tokens": 0,
+                                                                   "completion_tokens": 1}})
             ids = body["input_ids"] if "input_ids" in body else tok.encode(body["text"])  # sgl_moe sends ids
             hashes = block_hashes(ids, PAGE, None)
             cached = min(self._match(hashes) * PAGE, (len(ids) - 1) // PAGE * PAGE)

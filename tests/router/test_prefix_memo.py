@@ -191,8 +191,8 @@ def test_threads_share_one_memo(tokenizers):
 
 
 def test_in_service_the_memo_serves_shared_prefixes_and_reports_it(tmp_path_factory):
-    """Through the router: the second request's prefix ids come from the memo, the worker receives the ids of a
-    whole encode, and ``/metrics`` says how many ids the memo gave."""
+    """Through the router: later requests' prefix ids come from the memo (a few segments more each time), the
+    worker receives the ids of a whole encode, and ``/metrics`` says how many ids the memo gave."""
     from doubles.stand_in import tokenizer_dir
 
     from sgl_moe.router.service import ROUTER
@@ -204,7 +204,7 @@ def test_in_service_the_memo_serves_shared_prefixes_and_reports_it(tmp_path_fact
         client = setup.client("memo")
         tok = client.server.app[ROUTER].pool.tokenizer
         shared = "\n".join(f"Rule {i}: answer with one word, the label that fits the text best." for i in range(30))
-        texts = [f"{shared}\nText: the cat sat on mat number {i}." for i in range(3)]
+        texts = [f"{shared}\nText: the cat sat on mat number {i}." for i in range(8)]
         for text in texts:
             status, _, _ = setup.call(client, "POST", "/generate", json={"text": text,
                                                                         "sampling_params": {"max_new_tokens": 0}})

@@ -1,0 +1,589 @@
+"""Router capacity: the router's own CPU per request, next to sglang-router's, in front of instant workers.
+
+    .venv/bin/python benchmarks/router_capacity.py [--routers sgl_moe cache_aware round_robin]
+        [--prompt-tokens 200 2000 4000] [--shapes shared unique] [--requests 1500] [--warmup 200]
+        [--concurrency 32] [--repeats 2] [--front-processes 1] [--out FILE.json]
+
+Smallest run (about a minute; what CI runs): ``--prompt-tokens 200 --shapes shared unique --requests 40
+--warmup 10 --concurrency 4 --repeats 1 --routers sgl_moe round_robin``.
+
+The routers, each started fresh for every (stream, repeat), in front of the same 4 stand-in workers
+(``StandInWorker(per_token_s=0, step_s=0)`` of ``sgl_moe.policy_bench.standin``, answering at once without
+tokenizing, served from a child process of this script so their CPU is nobody's router's):
+
+* ``sgl_moe``: ``python -m sgl_moe.router`` with its default policy ``longest_block_match`` (and
+  ``--front-processes N`` for each N > 1 of ``--front-processes``; a router that refuses it is reported
+  "not available");
+* ``cache_aware`` and ``round_robin``: sglang-router (``python -m sglang_router.launch_router``).
+
+Streams (deterministic from ``--seed``): text prompts to ``/generate`` with ``max_new_tokens`` 1 (prefill
+only), of each ``--prompt-tokens`` length (tokens of the shipped model's tokenizer, approximately) in two
+shapes: ``shared``, one of 40 Zipf-popular multi-line instruction blocks (90% of the prompt) then a unique
+tail of a line or two after a newline (classification traffic), and ``unique``, every prompt different text
+from its first token. The text is words, punctuation, numbered rules, examples and code lines.
+
+Load: closed loop, ``--concurrency`` requests in flight; per (router, stream) ``--warmup`` requests first
+(excluded), then ``--requests`` measured. The order of the routers (and of the direct baseline) rotates
+between repeats, since the first run on a fresh machine is slower.
+
+Figures per (router, stream), pooled over the repeats:
+
+* **CPU ms/request**: user + system CPU seconds of the router's whole process tree (psutil, children
+  included) over the measured window, divided by its requests: the router's own cost;
+* **req/s** over the measured window (bounded by this machine: the load generator and the stand-ins share
+  its cores with the router; their CPU per request is in the JSON);
+* **p50 / p99** client latency through the router, and the same stream sent straight to a stand-in
+  (``direct``, measured in the same run); **added** p50 / p99 = router's percentile minus direct's
+  (a difference of percentiles, not a percentile of differences);
+* **errors** (non-200 or failed requests, warm-up included): a row with any is flagged.
+
+The table is printed as markdown; ``--out`` writes every figure, each repeat's too, the machine, the
+command line, and per stream the ratio sgl_moe CPU per request / cache_aware's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import multiprocessing
+import os
+import platform
+import random
+import shlex
+import signal
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from sgl_moe import DEFAULT_MODEL_DIR
+from sgl_moe.policy_bench.driver import Record, run_stream
+from sgl_moe.policy_bench.routers import RouterUnderTest
+from sgl_moe.policy_bench.stream import StreamUnit
+
+ROUTERS = {"sgl_moe": ("sgl_moe", "longest_block_match"), "cache_aware": ("sglang-router", "cache_aware"),
+           "round_robin": ("sglang-router", "round_robin"), "sgl_moe_no_memo": ("sgl_moe", "longest_block_match")}
+"""``--routers`` name -> (engine, policy). ``sgl_moe_no_memo`` (not run unless named): sgl_moe with
+``--no-prefix-memo``, every text encoded whole."""
+DEFAULT_ROUTERS = ["sgl_moe", "cache_aware", "round_robin"]
+SHAPES = ("shared", "unique")
+SHARED_PREFIXES = 40
+SHARED_FRACTION = 0.9
+ZIPF_S = 1.1
+CONTEXT_LENGTH = 4096
+"""The stand-ins' context length (``StandInFleet``): a prompt plus its one new token must fit."""
+STAND_IN_POOL_TOKENS = 4096
+DIRECT = "direct to stand-in"
+
+
+class BenchError(Exception):
+    """Something the benchmark needs is unreachable: reported as one line, exit status 1."""
+
+
+# -- text --------------------------------------------------------------------------------------------------------
+
+NOUNS = ("customer order ticket invoice account payment refund label message request product address delivery "
+         "package subscription plan card balance report record field value answer question user team manager "
+         "policy rule example document section summary note reply warranty item store price discount code "
+         "server error log file queue batch cache token prompt model worker router result").split()
+VERBS = ("mentions asks describes reports requests explains confirms cancels updates changes returns expects "
+         "receives sends needs shows contains includes references quotes disputes repeats").split()
+ADJS = ("urgent late missing damaged wrong duplicate new old open closed pending partial full monthly annual "
+        "final short long empty invalid expired recent previous current second first").split()
+FILLERS = ("the a this that every each any some no their our its").split()
+LINKS = ("and but or because so although when if while unless after before").split()
+LABELS = ("billing shipping returns account technical sales feedback other spam").split()
+IDENTS = ("ticket order user item row cfg req resp batch cache key value result labels text score").split()
+ATTRS = ("id status priority amount created_at items total name email region count").split()
+FUNCS = ("classify normalize route lookup score parse validate extract summarize").split()
+
+
+def _sentence(rng: random.Random, lo: int = 6, hi: int = 16) -> str:
+    words = []
+    for _ in range(rng.randint(lo, hi)):
+        r = rng.random()
+        words.append(rng.choice(NOUNS) if r < 0.35 else rng.choice(VERBS) if r < 0.55 else
+                     rng.choice(ADJS) if r < 0.7 else rng.choice(FILLERS) if r < 0.88 else rng.choice(LINKS))
+        if rng.random() < 0.06:
+            words[-1] += ","
+        elif rng.random() < 0.03:
+            words.append(str(rng.randint(2, 9999)))
+    words[0] = words[0].capitalize()
+    return " ".join(words).rstrip(",") + rng.choice(".....?!")
+
+
+def _prose(rng):
+    return " ".join(_sentence(rng) for _ in range(rng.randint(1, 3)))
+
+
+def _rule(rng):
+    return (f"{rng.randint(1, 12)}. If the {rng.choice(NOUNS)} {rng.choice(VERBS)} {rng.choice(FILLERS)} "
+            f"{rng.choice(ADJS)} {rng.choice(NOUNS)}, answer \"{rng.choice(LABELS)}\".")
+
+
+def _bullet(rng):
+    return f"- {rng.choice(NOUNS).capitalize()}: {_sentence(rng, 4, 10)}"
+
+
+def _example(rng):
+    return f"Example: \"{_sentence(rng, 5, 12)}\" -> {rng.choice(LABELS)}"
+
+
+def _code(rng):
+    ident, attr = rng.choice(IDENTS), rng.choice(ATTRS)
+    r = rng.random()
+    if r < 0.3:
+        return (f"    if {ident}.{attr} {rng.choice(('>', '<', '==', '!=', '>='))} {rng.randint(0, 500)}: "
+                f"return {rng.choice(FUNCS)}({ident}, {rng.choice(IDENTS)}={rng.choice(IDENTS)})")
+    if r < 0.55:
+        return f"    {ident} = {rng.choice(FUNCS)}({rng.choice(IDENTS)}.{attr})  # {_sentence(rng, 3, 7).lower()}"
+    if r < 0.75:
+        return f"def {rng.choice(FUNCS)}_{ident}({ident}: dict, {rng.choice(IDENTS)}: list[str]) -> str:"
+    return f"    for {ident} in {rng.choice(IDENTS)}s: {rng.choice(IDENTS)}[{ident}.{attr}] += 1"
+
+
+def _heading(rng):
+    return "## " + " ".join(w.capitalize() for w in (rng.choice(ADJS), rng.choice(NOUNS), rng.choice(NOUNS)))
+
+
+INSTRUCTION_LINES = (_prose, _prose, _rule, _rule, _bullet, _example, _code, _code, _heading)
+TAIL_LINES = (_prose,)
+
+
+class Filler:
+    """Lines of text up to a token budget, counted exactly with the shipped tokenizer: no BPE merge crosses a
+    newline there (``sgl_moe.workloads.segments``), so lines joined by ``\\n`` cost their tokens plus one each."""
+
+    def __init__(self):
+        from tokenizers import Tokenizer
+
+        self.tok = Tokenizer.from_file(str(DEFAULT_MODEL_DIR / "tokenizer.json"))
+
+    def count(self, text: str) -> int:
+        return len(self.tok.encode(text).ids)
+
+    def fill(self, rng: random.Random, budget: int, makers, first: str | None = None) -> tuple[str, int]:
+        lines: list[str] = []
+        used = 0
+        while True:
+            batch = ([first] if first is not None and not lines else []) + [rng.choice(makers)(rng) for _ in range(12)]
+            for line, e in zip(batch, self.tok.encode_batch(batch)):
+                cost = len(e.ids) + (1 if lines else 0)
+                if used + cost <= budget:
+                    lines.append(line)
+                    used += cost
+                    continue
+                words = line.split(" ")  # the last line, cut to what fits
+                while len(words) > 1:
+                    words.pop()
+                    cost = self.count(" ".join(words)) + (1 if lines else 0)
+                    if used + cost <= budget:
+                        lines.append(" ".join(words))
+                        used += cost
+                        break
+                return "\n".join(lines), used
+
+
+@dataclass(frozen=True)
+class Stream:
+    name: str
+    shape: str
+    target_tokens: int
+    warmup: list[StreamUnit]
+    measured: list[StreamUnit]
+
+    def summary(self) -> dict:
+        lens = [u.prompt_tokens for u in self.warmup + self.measured]
+        return {"shape": self.shape, "target_tokens": self.target_tokens, "warmup": len(self.warmup),
+                "requests": len(self.measured), "tokens_mean": sum(lens) / len(lens), "tokens_min": min(lens),
+                "tokens_max": max(lens),
+                **({"shared_prefixes": SHARED_PREFIXES, "shared_fraction": SHARED_FRACTION, "zipf_s": ZIPF_S}
+                   if self.shape == "shared" else {})}
+
+
+def build_stream(filler: Filler, shape: str, tokens: int, warmup: int, requests: int, seed: int) -> Stream:
+    """``warmup + requests`` prompts of about ``tokens`` tokens (never more), the same for every router."""
+    rng = random.Random(f"router_capacity/{seed}/{shape}/{tokens}")
+    n = warmup + requests
+    texts = []
+    if shape == "shared":
+        prefixes = []
+        for g in range(SHARED_PREFIXES):
+            first = f"{_heading(rng)[3:]} (instructions {seed}-{g}):"
+            prefixes.append(filler.fill(rng, round(tokens * SHARED_FRACTION), INSTRUCTION_LINES, first))
+        weights = [1.0 / (r + 1) ** ZIPF_S for r in range(SHARED_PREFIXES)]
+        for i, g in enumerate(rng.choices(range(SHARED_PREFIXES), weights=weights, k=n)):
+            prefix, used = prefixes[g]
+            tail, _ = filler.fill(rng, tokens - used - 1, TAIL_LINES, f"Input {i}: {_sentence(rng)}")
+            texts.append(prefix + "\n" + tail)
+    else:
+        for _ in range(n):  # the first line alone tells them apart
+            texts.append(filler.fill(rng, tokens, INSTRUCTION_LINES + TAIL_LINES, _prose(rng))[0])
+    name = f"{shape}-{tokens}"
+    units = [StreamUnit(f"{name}/{i}", name, t, len(e.ids)) for i, (t, e) in
+             enumerate(zip(texts, filler.tok.encode_batch(texts)))]
+    return Stream(name, shape, tokens, units[:warmup], units[warmup:])
+
+
+# -- stand-ins in a child process ---------------------------------------------------------------------------------
+
+def _serve_stand_ins(n: int, conn) -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent stops us
+    try:
+        from sgl_moe.policy_bench.standin import StandInFleet
+
+        fleet = StandInFleet(n, STAND_IN_POOL_TOKENS, per_token_s=0.0, step_s=0.0, tokenize=False).start()
+    except Exception as exc:  # noqa: BLE001 - reported by the parent as one line
+        conn.send(("error", f"{type(exc).__name__}: {exc}"))
+        return
+    conn.send(("ok", fleet.urls))
+    try:
+        conn.recv()
+    except (EOFError, OSError):
+        pass
+    fleet.stop()
+
+
+class StandIns:
+    def __init__(self, n: int):
+        ctx = multiprocessing.get_context("spawn")
+        self._conn, child = ctx.Pipe()
+        self.proc = ctx.Process(target=_serve_stand_ins, args=(n, child), daemon=True, name="stand-ins")
+        self.urls: list[str] = []
+
+    def start(self, timeout: float = 120.0) -> StandIns:
+        self.proc.start()
+        if not self._conn.poll(timeout):
+            raise BenchError(f"the stand-in workers did not start in {timeout:.0f} s")
+        try:
+            status, value = self._conn.recv()
+        except EOFError:
+            raise BenchError(f"the stand-in workers' process exited ({self.proc.exitcode})") from None
+        if status != "ok":
+            raise BenchError(f"the stand-in workers did not start: {value}")
+        self.urls = value
+        return self
+
+    def cpu_seconds(self) -> float | None:
+        try:
+            import psutil
+
+            t = psutil.Process(self.proc.pid).cpu_times()
+            return t.user + t.system
+        except Exception:  # noqa: BLE001 - a diagnostic only
+            return None
+
+    def stop(self) -> None:
+        try:
+            self._conn.send("stop")
+        except (OSError, ValueError):
+            pass
+        self.proc.join(30)
+        if self.proc.is_alive():
+            self.proc.kill()
+            self.proc.join(10)
+
+
+def own_cpu_seconds() -> float:
+    t = os.times()
+    return t.user + t.system
+
+
+# -- runs ---------------------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class RouterSpec:
+    name: str
+    """``--routers`` name."""
+    engine: str
+    policy: str
+    front_processes: int = 1
+
+    @property
+    def label(self) -> str:
+        base = f"{self.engine} {self.policy}" + (" --no-prefix-memo" if self.name == "sgl_moe_no_memo" else "")
+        return base if self.front_processes == 1 else f"{base} --front-processes {self.front_processes}"
+
+    def extra_args(self) -> list[str]:
+        if self.engine != "sgl_moe":
+            return []
+        return ["--log-level", "warning", *(["--no-prefix-memo"] if self.name == "sgl_moe_no_memo" else []),
+                *(["--front-processes", str(self.front_processes)] if self.front_processes > 1 else [])]
+
+
+def pct(values: list[float], q: float) -> float:
+    values = sorted(values)
+    return values[min(len(values) - 1, int(q * len(values)))]
+
+
+def _errors(records: list[Record]) -> tuple[int, str | None]:
+    bad = [r for r in records if r.status != 200]
+    return len(bad), (f"{bad[0].status}: {bad[0].error}"[:300] if bad else None)
+
+
+async def measure(url: str, stream: Stream, concurrency: int, cpu, stand_ins: StandIns) -> dict:
+    """Warm-up, then the measured window with ``cpu()`` (the router's CPU seconds) read on both sides."""
+    warm, _ = await run_stream(url, stream.warmup, concurrency, progress=False) if stream.warmup else ([], 0.0)
+    c0, s0, o0 = cpu(), stand_ins.cpu_seconds(), own_cpu_seconds()
+    records, wall = await run_stream(url, stream.measured, concurrency, progress=False)
+    c1, s1, o1 = cpu(), stand_ins.cpu_seconds(), own_cpu_seconds()
+    n = len(records)
+    errors, first_error = _errors(records)
+    warm_errors, warm_first = _errors(warm)
+    out = {"requests": n, "errors": errors, "warmup_errors": warm_errors, "first_error": first_error or warm_first,
+           "wall_s": wall, "req_per_s": n / wall if wall > 0 else 0.0,
+           "latencies_ms": [r.latency_s * 1e3 for r in records],
+           "client_cpu_ms_per_request": (o1 - o0) / n * 1e3 if n else None,
+           "stand_in_cpu_ms_per_request": (s1 - s0) / n * 1e3 if n and s0 is not None and s1 is not None else None}
+    if c0 is not None and c1 is not None and n:
+        out["cpu_s"] = c1 - c0
+        out["cpu_ms_per_request"] = (c1 - c0) / n * 1e3
+    return out
+
+
+async def run_router(spec: RouterSpec, stand_ins: StandIns, stream: Stream, concurrency: int, log_dir: Path,
+                     rep: int) -> dict:
+    log = log_dir / f"{spec.label.replace(' ', '_')}-{stream.name}-{rep}.log"
+    router = RouterUnderTest(spec.policy, stand_ins.urls, log, extra_args=spec.extra_args(), engine=spec.engine)
+    try:
+        try:
+            await asyncio.to_thread(router.start, 120)
+        except Exception as exc:  # noqa: BLE001 - RouterStartError / RuntimeError: the log says why
+            reason = _last_log_line(log) or str(exc).splitlines()[0]
+            if spec.front_processes > 1:
+                return {"available": False, "reason": reason}
+            raise BenchError(f"{spec.label} did not start: {reason} (log: {log})") from None
+        return {"available": True, **await measure(router.url, stream, concurrency, router.cpu_seconds, stand_ins)}
+    finally:
+        router.stop()
+
+
+def _last_log_line(path: Path) -> str | None:
+    try:
+        lines = [ln.strip() for ln in path.read_text(errors="replace").splitlines() if ln.strip()]
+    except OSError:
+        return None
+    return lines[-1][:300] if lines else None
+
+
+def pool(runs: list[dict]) -> dict:
+    """The repeats of one (router, stream) together: sums over sums, percentiles over every latency."""
+    ok = [r for r in runs if r.get("available", True)]
+    if not ok:
+        return {"available": False, "reason": runs[0].get("reason") if runs else None}
+    n = sum(r["requests"] for r in ok)
+    lat = [x for r in ok for x in r["latencies_ms"]]
+    out = {"available": True, "requests": n, "errors": sum(r["errors"] for r in ok),
+           "warmup_errors": sum(r["warmup_errors"] for r in ok),
+           "first_error": next((r["first_error"] for r in ok if r["first_error"]), None),
+           "req_per_s": n / sum(r["wall_s"] for r in ok), "p50_ms": pct(lat, 0.5) if lat else None,
+           "p99_ms": pct(lat, 0.99) if lat else None}
+    if all("cpu_s" in r for r in ok) and n:
+        out["cpu_s"] = sum(r["cpu_s"] for r in ok)
+        out["cpu_ms_per_request"] = out["cpu_s"] / n * 1e3
+    for key in ("client_cpu_ms_per_request", "stand_in_cpu_ms_per_request"):
+        vals = [(r[key], r["requests"]) for r in ok if r.get(key) is not None]
+        out[key] = sum(v * k for v, k in vals) / sum(k for _, k in vals) if vals else None
+    out["flagged"] = bool(out["errors"] or out["warmup_errors"])
+    out["repeats"] = [{k: v for k, v in r.items() if k != "latencies_ms"} |
+                      ({"p50_ms": pct(r["latencies_ms"], 0.5), "p99_ms": pct(r["latencies_ms"], 0.99)}
+                       if r.get("latencies_ms") else {}) for r in runs]
+    return out
+
+
+async def run_all(args, specs: list[RouterSpec], streams: list[Stream], stand_ins: StandIns) -> dict:
+    entries = [DIRECT, *specs]
+    raw: dict[tuple[str, str], list[dict]] = {}
+    total, k = args.repeats * len(streams) * len(entries), 0
+    for rep in range(args.repeats):
+        order = entries[rep % len(entries):] + entries[:rep % len(entries)]
+        for stream in streams:
+            for entry in order:
+                k += 1
+                if entry == DIRECT:
+                    name = DIRECT
+                    # Round-robin straight over the stand-ins is what a router's cheapest forwarding does;
+                    # run_stream takes one URL, and every stand-in lives in the same process: send to the first.
+                    r = {"available": True, **await measure(stand_ins.urls[0], stream, args.concurrency,
+                                                            lambda: None, stand_ins)}
+                else:
+                    name = entry.label
+                    r = await run_router(entry, stand_ins, stream, args.concurrency, args.log_dir, rep)
+                raw.setdefault((name, stream.name), []).append(r)
+                print(f"[{k}/{total}] repeat {rep + 1}/{args.repeats}  {stream.name:<12} {name:<48} "
+                      + (_progress(r) if r["available"] else f"not available: {r['reason']}"),
+                      file=sys.stderr, flush=True)
+    rows = []
+    for (name, stream_name), runs in raw.items():
+        rows.append({"router": name, "stream": stream_name, **pool(runs)})
+    direct = {row["stream"]: row for row in rows if row["router"] == DIRECT}
+    for row in rows:
+        d = direct.get(row["stream"])
+        if row["router"] != DIRECT and row["available"] and d and d.get("p50_ms") is not None \
+                and row.get("p50_ms") is not None:
+            row["direct_p50_ms"], row["direct_p99_ms"] = d["p50_ms"], d["p99_ms"]
+            row["added_p50_ms"], row["added_p99_ms"] = row["p50_ms"] - d["p50_ms"], row["p99_ms"] - d["p99_ms"]
+    order = {s.name: i for i, s in enumerate(streams)}
+    labels = [DIRECT, *(s.label for s in specs)]
+    rows.sort(key=lambda r: (order[r["stream"]], labels.index(r["router"])))
+    return {"rows": rows, "ratios": ratios(rows, specs, streams)}
+
+
+def _progress(r: dict) -> str:
+    cpu = f"CPU {r['cpu_ms_per_request']:.3f} ms/req  " if "cpu_ms_per_request" in r else ""
+    lat = r["latencies_ms"]
+    return (f"{cpu}{r['req_per_s']:7.1f} req/s  p50 {pct(lat, 0.5):7.1f} ms  p99 {pct(lat, 0.99):7.1f} ms  "
+            f"{r['errors'] + r['warmup_errors']} errors")
+
+
+def ratios(rows: list[dict], specs: list[RouterSpec], streams: list[Stream]) -> dict:
+    """Per sgl_moe router row label: {stream: its CPU per request / sglang-router cache_aware's}."""
+    cpu = {(r["router"], r["stream"]): r.get("cpu_ms_per_request") for r in rows if r["available"]}
+    ca = RouterSpec("cache_aware", *ROUTERS["cache_aware"]).label
+    out = {}
+    for spec in specs:
+        if spec.engine != "sgl_moe":
+            continue
+        for s in streams:
+            a, b = cpu.get((spec.label, s.name)), cpu.get((ca, s.name))
+            if a is not None and b:
+                out.setdefault(spec.label, {})[s.name] = a / b
+    return out
+
+
+# -- output -------------------------------------------------------------------------------------------------------
+
+def _f(x, fmt: str) -> str:
+    return "—" if x is None else format(x, fmt)
+
+
+def table(result: dict) -> str:
+    lines = ["| stream | router | CPU ms/req | req/s | p50 ms | p99 ms | added p50 ms | added p99 ms | errors |",
+             "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
+    for r in result["rows"]:
+        if not r["available"]:
+            lines.append(f"| {r['stream']} | {r['router']} | not available: {r['reason']} | | | | | | |")
+            continue
+        errors = r["errors"] + r["warmup_errors"]
+        lines.append(f"| {r['stream']} | {r['router']} | {_f(r.get('cpu_ms_per_request'), '.3f')} | "
+                     f"{r['req_per_s']:.0f} | {_f(r['p50_ms'], '.1f')} | {_f(r['p99_ms'], '.1f')} | "
+                     f"{_f(r.get('added_p50_ms'), '.1f')} | {_f(r.get('added_p99_ms'), '.1f')} | "
+                     f"{errors}{' **FLAGGED**' if errors else ''} |")
+    for label, per_stream in result["cpu_ratio_vs_cache_aware"].items():
+        lines.append("")
+        lines.append(f"CPU per request, {label} / sglang-router cache_aware: "
+                     + ", ".join(f"{s} {v:.2f}x" for s, v in per_stream.items()))
+    return "\n".join(lines)
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--routers", nargs="+", default=DEFAULT_ROUTERS, choices=list(ROUTERS),
+                        help="sgl_moe (longest_block_match), sgl_moe_no_memo (the same, --no-prefix-memo) and "
+                             "sglang-router's cache_aware / round_robin")
+    parser.add_argument("--prompt-tokens", nargs="+", type=int, default=[200, 2000, 4000])
+    parser.add_argument("--shapes", nargs="+", default=list(SHAPES), choices=SHAPES)
+    parser.add_argument("--requests", type=int, default=1500, help="measured requests per (router, stream, repeat)")
+    parser.add_argument("--warmup", type=int, default=200, help="requests sent first, not measured")
+    parser.add_argument("--concurrency", type=int, default=32, help="requests in flight (closed loop)")
+    parser.add_argument("--repeats", type=int, default=2, help="runs of everything, the router order rotated")
+    parser.add_argument("--front-processes", nargs="+", type=int, default=[1],
+                        help="sgl_moe's router once per N (``--front-processes N`` passed only when N > 1)")
+    parser.add_argument("--stand-ins", type=int, default=4)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--log-dir", type=Path, default=Path(".work/logs/router_capacity"))
+    parser.add_argument("--out", type=Path, help="write every figure as JSON")
+    args = parser.parse_args(argv)
+    for name in ("requests", "concurrency", "repeats", "stand_ins"):
+        if getattr(args, name) < 1:
+            parser.error(f"--{name.replace('_', '-')} must be positive, got {getattr(args, name)}")
+    if args.warmup < 0:
+        parser.error(f"--warmup must be 0 or more, got {args.warmup}")
+    for n in args.prompt_tokens:
+        if not 20 <= n < CONTEXT_LENGTH:
+            parser.error(f"--prompt-tokens must be between 20 and {CONTEXT_LENGTH - 1} (the stand-ins' context), "
+                         f"got {n}")
+    for n in args.front_processes:
+        if n < 1:
+            parser.error(f"--front-processes must be positive, got {n}")
+    args.prompt_tokens = list(dict.fromkeys(args.prompt_tokens))
+    args.front_processes = list(dict.fromkeys(args.front_processes))
+    return args
+
+
+def router_specs(args) -> list[RouterSpec]:
+    specs = []
+    for name in dict.fromkeys(args.routers):
+        engine, policy = ROUTERS[name]
+        if engine == "sgl_moe":
+            specs += [RouterSpec(name, engine, policy, n) for n in args.front_processes]
+        else:
+            specs.append(RouterSpec(name, engine, policy))
+    return specs
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    try:
+        return _main(args, argv)
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+
+
+def _main(args: argparse.Namespace, argv: list[str] | None) -> int:
+    specs = router_specs(args)
+    if any(s.engine == "sglang-router" for s in specs):
+        try:
+            import sglang_router  # noqa: F401
+        except ImportError:
+            print("error: sglang-router is not installed in this environment (pip install sglang-router)",
+                  file=sys.stderr)
+            return 1
+    filler = Filler()
+    streams = []
+    for tokens in args.prompt_tokens:
+        for shape in args.shapes:
+            t0 = time.perf_counter()
+            streams.append(build_stream(filler, shape, tokens, args.warmup, args.requests, args.seed))
+            s = streams[-1].summary()
+            print(f"stream {streams[-1].name}: {s['warmup']} + {s['requests']} prompts of {s['tokens_min']}-"
+                  f"{s['tokens_max']} tokens (built in {time.perf_counter() - t0:.1f} s)", file=sys.stderr, flush=True)
+    stand_ins = StandIns(args.stand_ins)
+    try:
+        stand_ins.start()
+        print(f"{args.stand_ins} stand-in workers; {len(specs)} routers x {len(streams)} streams x {args.repeats} "
+              f"repeats, {args.warmup} + {args.requests} requests each at concurrency {args.concurrency}",
+              file=sys.stderr, flush=True)
+        result = asyncio.run(run_all(args, specs, streams, stand_ins))
+    except BenchError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    finally:
+        stand_ins.stop()
+    out = {"machine": {"cpu_count": os.cpu_count(), "platform": platform.platform(),
+                       "python": platform.python_version(),
+                       "load_average": os.getloadavg() if hasattr(os, "getloadavg") else None},
+           "command": shlex.join([sys.executable, *sys.argv]) if argv is None else shlex.join(argv),
+           "config": {"routers": [s.label for s in specs], "prompt_tokens": args.prompt_tokens,
+                      "shapes": args.shapes, "requests": args.requests, "warmup": args.warmup,
+                      "concurrency": args.concurrency, "repeats": args.repeats, "stand_ins": args.stand_ins,
+                      "front_processes": args.front_processes, "seed": args.seed,
+                      "sampling_params": StreamUnit("", "", "", 0).body()["sampling_params"],
+                      "latency": "client latency p50/p99 per router; direct = the same stream straight to a stand-in;"
+                                 " added = router percentile - direct percentile"},
+           "streams": {s.name: s.summary() for s in streams},
+           "rows": result["rows"], "cpu_ratio_vs_cache_aware": result["ratios"]}
+    print(table(out))
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(out, indent=1))
+    flagged = [f"{r['router']} / {r['stream']}" for r in out["rows"] if r.get("flagged")]
+    if flagged:
+        print(f"warning: requests failed in {', '.join(flagged)}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,82 @@
+"""``benchmarks/router_capacity.py`` runs as its docstring shows it
+(``.venv/bin/python benchmarks/router_capacity.py``), at its smallest size: one prompt length, both stream shapes,
+sgl_moe's router and sglang-router ``round_robin`` (sglang-router's quickest start; ``cache_aware`` is started by
+the same ``RouterUnderTest`` code path), 40 measured requests, one repeat, in front of instant stand-in workers.
+The figures are checked for presence and sanity, never for speed."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+SMALLEST = ["--prompt-tokens", "200", "--shapes", "shared", "unique", "--requests", "40", "--warmup", "10",
+            "--concurrency", "4", "--repeats", "1", "--routers", "sgl_moe", "round_robin"]
+ROUTERS = ("sgl_moe longest_block_match", "sglang-router round_robin")
+STREAMS = ("shared-200", "unique-200")
+
+
+def _run(*args: str, timeout: float = 240) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "benchmarks/router_capacity.py", *args], cwd=REPO, capture_output=True,
+                          text=True, timeout=timeout)
+
+
+def test_smallest_run_reports_router_cpu_per_request_for_every_router_and_stream(tmp_path):
+    out = tmp_path / "router_capacity.json"
+    proc = _run(*SMALLEST, "--log-dir", str(tmp_path / "logs"), "--out", str(out))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(out.read_text())
+    assert result["machine"]["cpu_count"] >= 1 and result["machine"]["platform"]
+    assert "benchmarks/router_capacity.py" in result["command"] and "--requests 40" in result["command"]
+    assert set(result["streams"]) == set(STREAMS)
+    for s in result["streams"].values():
+        assert s["requests"] == 40 and s["warmup"] == 10 and 150 <= s["tokens_min"] <= s["tokens_max"] <= 200, s
+
+    rows = {(r["router"], r["stream"]): r for r in result["rows"]}
+    assert set(rows) == {(r, s) for r in ("direct to stand-in", *ROUTERS) for s in STREAMS}
+    for (router, stream), r in rows.items():
+        assert r["available"] and r["requests"] == 40, (router, stream, r)
+        assert r["errors"] == 0 and r["warmup_errors"] == 0 and not r["flagged"], (router, stream, r)
+        assert r["req_per_s"] > 0 and 0 < r["p50_ms"] <= r["p99_ms"], (router, stream, r)
+        if router != "direct to stand-in":
+            assert r["cpu_ms_per_request"] > 0, (router, stream, r)
+            assert r["added_p50_ms"] == r["p50_ms"] - r["direct_p50_ms"], (router, stream, r)
+    # No cache_aware in this run: no ratio to it.
+    assert result["cpu_ratio_vs_cache_aware"] == {}
+
+    # What a user reads: a markdown table on stdout, one progress line per run on stderr.
+    assert proc.stdout.startswith("| stream | router | CPU ms/req |")
+    for router in ROUTERS:
+        assert f"| shared-200 | {router} |" in proc.stdout and f"| unique-200 | {router} |" in proc.stdout
+    assert sum(line.startswith("[") for line in proc.stderr.splitlines()) == 6, proc.stderr
+
+
+def test_a_front_processes_flag_the_router_refuses_is_not_available_not_a_crash(tmp_path):
+    """``--front-processes 2`` is passed to sgl_moe's router; until the router has the flag, the row says so."""
+    out = tmp_path / "fp.json"
+    proc = _run("--prompt-tokens", "50", "--shapes", "shared", "--requests", "10", "--warmup", "0",
+                "--concurrency", "2", "--repeats", "1", "--routers", "sgl_moe", "--front-processes", "1", "2",
+                "--log-dir", str(tmp_path / "logs"), "--out", str(out))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = {r["router"]: r for r in json.loads(out.read_text())["rows"]}
+    assert rows["sgl_moe longest_block_match"]["cpu_ms_per_request"] > 0
+    two = rows["sgl_moe longest_block_match --front-processes 2"]
+    if not two["available"]:
+        assert two["reason"] and "not available" in proc.stdout
+    else:
+        assert two["cpu_ms_per_request"] > 0 and two["errors"] == 0
+
+
+def test_bad_sizes_are_one_line_errors():
+    for bad, message in ((["--requests", "0"], "--requests must be positive"),
+                         (["--concurrency", "-1"], "--concurrency must be positive"),
+                         (["--repeats", "0"], "--repeats must be positive"),
+                         (["--warmup", "-5"], "--warmup must be 0 or more"),
+                         (["--prompt-tokens", "200", "9000"], "--prompt-tokens must be between"),
+                         (["--front-processes", "0"], "--front-processes must be positive"),
+                         (["--routers", "fastest"], "invalid choice"),
+                         (["--shapes", "zipf"], "invalid choice")):
+        proc = _run(*SMALLEST, *bad, timeout=60)
+        assert proc.returncode == 2 and "Traceback" not in proc.stderr, (bad, proc.stderr)
+        errors = [line for line in proc.stderr.splitlines() if "error:" in line]
+        assert len(errors) == 1 and message in errors[0], (bad, proc.stderr)
