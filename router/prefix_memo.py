@@ -6,8 +6,9 @@ checkpoints. The memo is a tree of segments (the text between two checkpoints) k
 the root spells a prefix, and each node keeps its segment's ids (no special tokens). A text's ids are the
 special tokens its tokenizer adds in front, the ids along the longest path it matches, the ids of its next
 ``GROW_SEGMENTS`` segments and of the rest (encoded in one batch call, without the GIL), and the special tokens
-added at the end. Cut where ``CutRule`` allows, that equals a whole encode. The new segments become nodes: a
-prefix is memoised a little further each time it is seen, and a text seen once pays for few cuts.
+added at the end. Cut where ``CutRule`` allows, that equals a whole encode. A new segment becomes a node the
+second time it follows the same prefix: a popular prefix is memoised a little further each time it is seen,
+and text seen once (a unique prompt, each request's own tail) is encoded in one piece and costs no nodes.
 
 Each node also keeps the page hashes (``block_hash``) of the pages that end inside it, per page size and seed,
 so a shared prefix is hashed once too.
@@ -42,6 +43,8 @@ BUDGET_TOKENS = 2_000_000
 GROW_SEGMENTS = 4
 """New segments a text adds after its match (the rest is encoded as one piece): a prefix seen again is memoised
 a few thousand characters further each time, and a text seen once costs little more than a whole encode."""
+GHOSTS = 65_536
+"""Segments remembered as seen once (a hash each) before they become nodes on a second sight."""
 CHECK_EVERY = 64
 """One text in this many that the memo helped with is also encoded whole and compared."""
 HASH_KEYS_PER_NODE = 4
@@ -107,6 +110,8 @@ class PrefixMemo:
         """Ids the nodes hold."""
         self._root = MemoNode(None, "", array.array("I"), len(prefix))
         self._lru: OrderedDict[int, MemoNode] = OrderedDict()
+        self._ghosts: OrderedDict[int, None] = OrderedDict()
+        """Hashes of (prefix, segment) seen once (``_seen_before``)."""
         self._lock = threading.Lock()
         self._since_check = 0
 
@@ -188,8 +193,30 @@ class PrefixMemo:
                 node, start = child, child.chars
                 path.append(child)
         cuts = self._checkpoints_from(text, start, GROW_SEGMENTS)
-        bounds = [start, *cuts, n]
+        keep = self._seen_before(node, text, start, cuts) if cuts else 0
+        bounds = [start, *cuts[:keep], n]
         return _Plan(node, path, [text[a:b] for a, b in zip(bounds, bounds[1:])])
+
+    def _seen_before(self, node: MemoNode, text: str, start: int, cuts: list[int]) -> int:
+        """How many of the segments after ``node`` (ending at ``cuts``) to memoise: the leading ones already seen
+        after it once. All are remembered as seen (by a hash, in a bounded LRU): a segment becomes a node the
+        second time it follows the same prefix, so text seen once (a unique prompt, a request's own tail) never
+        costs nodes, cuts in its encode or their page hashes."""
+        keep, leading = 0, True
+        key, prev = id(node), start
+        with self._lock:
+            for c in cuts:
+                key = hash((key, text[prev:c]))
+                prev = c
+                if key in self._ghosts:
+                    self._ghosts.move_to_end(key)
+                    keep += leading
+                else:
+                    self._ghosts[key] = None
+                    leading = False
+            while len(self._ghosts) > GHOSTS:
+                self._ghosts.popitem(last=False)
+        return keep
 
     def _head_end(self, start: int) -> int:
         """The next checkpoint's earliest place after a checkpoint at ``start``."""

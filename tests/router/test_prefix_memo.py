@@ -150,7 +150,8 @@ def test_a_wrong_rule_is_caught_by_the_sampled_check(tokenizers):
     memo = PrefixMemo(anything, tok.memo._encode_plain, tok.memo._encode_full, [], [], segment_chars=3,
                       check_every=1)
     text = "Hello world, the cat sat on the mat. " * 4
-    ids, paths = memo.encode_batch([text])
+    assert memo.encode_batch([text])[0] == full(tok, [text])  # seen once: encoded in one piece
+    ids, paths = memo.encode_batch([text])  # the second time its segments are cut, by the wrong rule
     assert ids == full(tok, [text])  # the check's whole encode is what is returned
     assert memo.stats.mismatches == 1 and not memo.enabled and "differ" in memo.disabled_reason
     assert memo.encode_batch([text + "x"])[0] == full(tok, [text + "x"]) and memo.tokens == 0
@@ -222,3 +223,20 @@ def test_in_service_the_memo_serves_shared_prefixes_and_reports_it(tmp_path_fact
         assert 'sgl_moe_router_prefix_memo_enabled{kind="generate"} 1.0' in text
     finally:
         setup.close()
+
+
+def test_text_seen_once_costs_no_nodes_and_a_prefix_seen_again_is_memoised(tokenizers):
+    tok = tokenizers("shipped")
+    memo = fresh(tok, segment_chars=32)
+    rng = random.Random(9)
+    prefix = random_text(rng, 120)
+    for _ in range(20):  # unique texts: remembered as seen, never stored
+        memo.encode_batch([random_text(rng, 60)])
+    assert memo.tokens == 0 and memo.stats.memo_ids == 0
+    first = memo.encode_batch([prefix + " one"])[0][0]
+    assert memo.tokens == 0  # seen once
+    memo.encode_batch([prefix + " two"])
+    assert memo.tokens > 0  # seen twice: its first segments are nodes now
+    ids = memo.encode_batch([prefix + " three"])[0][0]
+    assert memo.stats.memo_ids > 0 and ids == full(tok, [prefix + " three"])[0]
+    assert first == full(tok, [prefix + " one"])[0]
