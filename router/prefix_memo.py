@@ -4,10 +4,10 @@ Texts are cut at *checkpoints*: the first cut ``CutRule`` allows at or after eve
 A checkpoint depends only on the text up to one character past it, so two texts that share a prefix share its
 checkpoints. The memo is a tree of segments (the text between two checkpoints) keyed by their text: a path from
 the root spells a prefix, and each node keeps its segment's ids (no special tokens). A text's ids are the
-special tokens its tokenizer adds in front, the ids along the longest path it matches, the ids of its next
-``GROW_SEGMENTS`` segments and of the rest (encoded in one batch call, without the GIL), and the special tokens
+special tokens its tokenizer adds in front, the ids along the longest path it matches, the ids of the segments
+it memoises now and of the rest (encoded in one batch call, without the GIL), and the special tokens
 added at the end. Cut where ``CutRule`` allows, that equals a whole encode. A new segment becomes a node the
-second time it follows the same prefix: a popular prefix is memoised a little further each time it is seen,
+second time it follows the same prefix: a popular prefix is memoised twice as far each time it is seen again,
 and text seen once (a unique prompt, each request's own tail) is encoded in one piece and costs no nodes.
 
 Each node also keeps the page hashes (``block_hash``) of the pages that end inside it, per page size and seed,
@@ -41,8 +41,7 @@ before its own new text."""
 BUDGET_TOKENS = 2_000_000
 """Ids the memo keeps (4 bytes each) before it drops the least recently used segments."""
 GROW_SEGMENTS = 4
-"""New segments a text adds after its match (the rest is encoded as one piece): a prefix seen again is memoised
-a few thousand characters further each time, and a text seen once costs little more than a whole encode."""
+"""Segments after its match a text remembers as seen at least (``_seen_cuts``): what a unique text pays for."""
 GHOSTS = 65_536
 """Segments remembered as seen once (a hash each) before they become nodes on a second sight."""
 CHECK_EVERY = 64
@@ -111,7 +110,7 @@ class PrefixMemo:
         self._root = MemoNode(None, "", array.array("I"), len(prefix))
         self._lru: OrderedDict[int, MemoNode] = OrderedDict()
         self._ghosts: OrderedDict[int, None] = OrderedDict()
-        """Hashes of (prefix, segment) seen once (``_seen_before``)."""
+        """Hashes of (prefix, segment) seen once (``_seen_cuts``)."""
         self._lock = threading.Lock()
         self._since_check = 0
 
@@ -192,31 +191,37 @@ class PrefixMemo:
                     break
                 node, start = child, child.chars
                 path.append(child)
-        cuts = self._checkpoints_from(text, start, GROW_SEGMENTS)
-        keep = self._seen_before(node, text, start, cuts) if cuts else 0
-        bounds = [start, *cuts[:keep], n]
+        cuts = self._seen_cuts(node, text, start, max(GROW_SEGMENTS, len(path)))
+        bounds = [start, *cuts, n]
         return _Plan(node, path, [text[a:b] for a, b in zip(bounds, bounds[1:])])
 
-    def _seen_before(self, node: MemoNode, text: str, start: int, cuts: list[int]) -> int:
-        """How many of the segments after ``node`` (ending at ``cuts``) to memoise: the leading ones already seen
-        after it once. All are remembered as seen (by a hash, in a bounded LRU): a segment becomes a node the
-        second time it follows the same prefix, so text seen once (a unique prompt, a request's own tail) never
-        costs nodes, cuts in its encode or their page hashes."""
-        keep, leading = 0, True
-        key, prev = id(node), start
+    def _seen_cuts(self, node: MemoNode, text: str, start: int, remember: int) -> list[int]:
+        """The checkpoints after ``node`` to memoise now: those ending segments already seen once after the same
+        prefix (a hash of prefix and segment, in a bounded LRU), up to the first segment not seen; that one and
+        up to ``remember`` - 1 more are remembered as seen. A segment thus becomes a node the second time it
+        follows the same prefix, so text seen once (a unique prompt, a request's own tail) never costs nodes, cuts
+        in its encode or their page hashes; a prefix matched ``d`` segments deep remembers ``d`` more, so a popular
+        prefix is memoised twice as far each time it is seen again."""
+        cuts: list[int] = []
+        step, n = self.segment_chars, len(text)
+        key, prev, target, leading = id(node), start, (start // step + 1) * step, True
         with self._lock:
-            for c in cuts:
-                key = hash((key, text[prev:c]))
-                prev = c
-                if key in self._ghosts:
+            while target < n and remember > 0:
+                c = self._next_cut(text, target)
+                if c is None:
+                    break
+                key = hash((key, text[prev:c]))  # chained: names the whole prefix up to c
+                if leading and key in self._ghosts:
                     self._ghosts.move_to_end(key)
-                    keep += leading
+                    cuts.append(c)
                 else:
                     self._ghosts[key] = None
                     leading = False
+                    remember -= 1
+                prev, target = c, (c // step + 1) * step
             while len(self._ghosts) > GHOSTS:
                 self._ghosts.popitem(last=False)
-        return keep
+        return cuts
 
     def _head_end(self, start: int) -> int:
         """The next checkpoint's earliest place after a checkpoint at ``start``."""

@@ -74,6 +74,7 @@ RUN_BY: dict[str, list[str]] = {
     "python -m sgl_moe.training.fixtures": [
         "tests/training/test_fixtures.py::test_build_is_reproducible_and_idempotent"],
     "benchmarks/router_bench.py": ["tests/benchmarks/test_router_bench.py"],
+    "benchmarks/router_capacity.py": ["tests/benchmarks/test_router_capacity.py"],
     "benchmarks/tokenizer_bench.py": ["tests/benchmarks/test_tokenizer_bench.py"],
     "benchmarks/bench_serving_routers.py": ["tests/live/test_bench_scripts_live.py"],
     "benchmarks/offload_worker_bench.py": ["tests/live/test_bench_scripts_live.py"],
