@@ -229,6 +229,11 @@ class PrefixMemo:
 
     def _assemble(self, plan: _Plan, encoded: list[list[int]]) -> tuple[list[int], MemoPath]:
         """Under the lock: the text's ids; new checkpoint segments become nodes; the path is touched."""
+        self.stats.texts += 1
+        self.stats.encoded_chars += sum(map(len, plan.to_encode))
+        if not plan.path and len(plan.to_encode) == 1:  # nothing memoised, nothing to memoise: one whole piece
+            own = encoded[0]
+            return (self.prefix + own + self.suffix if self.prefix or self.suffix else own), ()
         path = list(plan.path)
         ids = array.array("I", self.prefix)
         for n in path:
@@ -250,9 +255,7 @@ class PrefixMemo:
         for n in reversed(path):  # deepest first: ancestors end up more recent than descendants
             self._lru[id(n)] = n
             self._lru.move_to_end(id(n))
-        self.stats.texts += 1
         self.stats.memo_ids += memo_ids
-        self.stats.encoded_chars += sum(map(len, plan.to_encode))
         return ids.tolist(), tuple(path)
 
     def _evict(self) -> None:
