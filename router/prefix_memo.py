@@ -114,23 +114,6 @@ class PrefixMemo:
         self._lock = threading.Lock()
         self._since_check = 0
 
-    def checkpoints(self, text: str) -> list[int]:
-        """Where ``text`` is cut: the first allowed cut at or after each multiple of ``segment_chars``."""
-        return self._checkpoints_from(text, 0)
-
-    def _checkpoints_from(self, text: str, start: int, limit: int | None = None) -> list[int]:
-        """The checkpoints after ``start`` (itself a checkpoint, or 0), at most ``limit`` of them."""
-        cuts: list[int] = []
-        step = self.segment_chars
-        target = (start // step + 1) * step
-        while target < len(text) and (limit is None or len(cuts) < limit):
-            c = self._next_cut(text, target)
-            if c is None:
-                break
-            cuts.append(c)
-            target = (c // step + 1) * step
-        return cuts
-
     def _next_cut(self, text: str, c: int) -> int | None:
         """The first allowed cut at ``c`` or after, within ``segment_chars`` (None: none there)."""
         rule, n = self.rule, len(text)
