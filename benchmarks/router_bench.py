@@ -34,14 +34,14 @@ from sgl_moe import DEFAULT_MODEL_DIR, saturation, wire
 from sgl_moe.flops import FlopsModel
 from sgl_moe.harness.worker_process import free_port
 from sgl_moe.policy_bench.routers import OURS, POLICIES, RouterUnderTest, label
-from sgl_moe.router.block_hash import block_hashes
-from sgl_moe.router.block_index import BlockIndex
 from sgl_moe.router.config import RouterConfig
-from sgl_moe.router.job import Job
-from sgl_moe.router.pending import PendingLedger
-from sgl_moe.router.scheduler import Scheduler
-from sgl_moe.router.service import tune_gc
-from sgl_moe.router.worker import Worker
+from sgl_moe.router.front.service import tune_gc
+from sgl_moe.router.membership.worker import Worker
+from sgl_moe.router.placement.block_index import BlockIndex
+from sgl_moe.router.placement.job import Job
+from sgl_moe.router.placement.pending import PendingLedger
+from sgl_moe.router.placement.scheduler import Scheduler
+from sgl_moe.router.request.block_hash import block_hashes
 from sgl_moe.simulator.report import machine
 from sgl_moe.worker.args import MoeArgs
 from sgl_moe.worker.info import build_info

@@ -91,7 +91,7 @@ async def start_stand_in() -> tuple[web.AppRunner, str]:
 
 
 async def fetch_tokenizer(url: str):
-    from sgl_moe.router.discovery import Discovery
+    from sgl_moe.router.membership.discovery import Discovery
 
     async with aiohttp.ClientSession() as session:
         discovery = Discovery(session)
@@ -106,7 +106,7 @@ def rss_mib(pid: int | None = None) -> tuple[float, float]:
 
 async def phase_build(n_prompts: int) -> dict:
     """Run in a fresh interpreter: cold and warm tokenizer build, then single-threaded throughput."""
-    from sgl_moe.router import router_tokenizer
+    from sgl_moe.router.request import router_tokenizer
 
     if hasattr(router_tokenizer, "keep_torch_out"):
         router_tokenizer.keep_torch_out()  # as ``python -m sgl_moe.router`` does first

@@ -7,7 +7,7 @@ tested without starting locust (which monkey-patches the process with gevent).
 Two APIs replay the same tasks (``SGL_MOE_API`` / ``--api``):
 
 * ``classify``: one ``POST /v1/classify`` per task (contract A);
-* ``generate``: the task's prefill units (``sgl_moe.router.prefill_tasks.expand_text``: one for classify
+* ``generate``: the task's prefill units (``sgl_moe.router.front.prefill_tasks.expand_text``: one for classify
   and choice, one per candidate for multi) as ``POST /generate`` with ``max_new_tokens=1``, greedy.
 """
 
@@ -19,7 +19,7 @@ from typing import Any, Literal
 
 import orjson
 
-from sgl_moe.router.prefill_tasks import expand_text
+from sgl_moe.router.front.prefill_tasks import expand_text
 from sgl_moe.workloads import TABLE2, WorkloadConfig, WorkloadRequest, generate, to_task
 
 Api = Literal["classify", "generate"]

@@ -9,8 +9,8 @@ import uvloop
 from aiohttp import web
 
 from sgl_moe.router.config import RouterConfig
-from sgl_moe.router.router_tokenizer import keep_torch_out
-from sgl_moe.router.service import build_app, tune_gc
+from sgl_moe.router.front.service import build_app, tune_gc
+from sgl_moe.router.request.router_tokenizer import keep_torch_out
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -196,7 +196,7 @@ class RouterConfig:
                              "remove workers. Set --admin-api-key (or $SGL_MOE_ADMIN_API_KEY), or pass "
                              "--allow-unauthenticated-admin to accept that")
         self.drop_seqs()
-        from sgl_moe.router.plain_worker import check_flags  # here, so that this module stays a leaf
+        from sgl_moe.router.membership.plain_worker import check_flags  # here, so that this module stays a leaf
 
         check_flags(self)
 

@@ -52,7 +52,7 @@ def test_part_imports_nothing_forbidden(part, forbidden, why):
 ROUTER_PROCESS = """
 import sys
 from sgl_moe import DEFAULT_MODEL_DIR
-from sgl_moe.router.router_tokenizer import RouterTokenizer, keep_torch_out
+from sgl_moe.router.request.router_tokenizer import RouterTokenizer, keep_torch_out
 keep_torch_out()
 tok = RouterTokenizer.from_dir(DEFAULT_MODEL_DIR)
 assert tok.exact and tok.encode("hello world")

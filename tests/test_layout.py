@@ -65,8 +65,8 @@ def test_importing_everything_never_loads_bare_names():
         if mod.name.startswith("sgl_moe.training") or mod.name in ("sgl_moe.__main__", "sgl_moe.loadtest.locustfile"):
             continue  # heavy (torch), runs on import, or loaded by locust only (gevent patches the process)
         importlib.import_module(mod.name)
-    for name in ("sgl_moe.router", "sgl_moe.router.block_hash", "sgl_moe.router.kv_events", "sgl_moe.patches",
-                 "sgl_moe.loadtest", "sgl_moe.loadtest.traffic"):
+    for name in ("sgl_moe.router", "sgl_moe.router.request.block_hash", "sgl_moe.router.membership.kv_events",
+                 "sgl_moe.patches", "sgl_moe.loadtest", "sgl_moe.loadtest.traffic"):
         importlib.import_module(name)
     assert not {"router", "patches", "loadtest", "traffic"} & set(sys.modules)
 
@@ -81,7 +81,7 @@ def test_shipped_model_is_packaged():
 
 def test_subpackages_resolve_when_run_from_the_checkout_root():
     # `python -m sgl_moe.router` from the repository root imports sgl_moe from the source folder.
-    code = ("import sgl_moe.router.block_hash, sgl_moe.patches, sgl_moe.loadtest.traffic, sys\n"
+    code = ("import sgl_moe.router.request.block_hash, sgl_moe.patches, sgl_moe.loadtest.traffic, sys\n"
             "assert not {'router', 'patches', 'loadtest'} & set(sys.modules)")
     result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
     assert result.returncode == 0, result.stderr

@@ -22,7 +22,7 @@ from sgl_moe.policy_bench.driver import run_stream
 from sgl_moe.policy_bench.report import summarize, table, targets
 from sgl_moe.policy_bench.routers import OURS, POLICIES, RouterUnderTest, flush_caches, label
 from sgl_moe.policy_bench.stream import build_stream, oracle_cached_tokens
-from sgl_moe.router.router_tokenizer import RouterTokenizer
+from sgl_moe.router.request.router_tokenizer import RouterTokenizer
 from sgl_moe.workloads import WORKLOADS, WorkloadConfig
 
 

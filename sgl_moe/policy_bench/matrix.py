@@ -29,7 +29,7 @@ from sgl_moe.policy_bench.report import matrix_table, median_row, run_ratios, su
 from sgl_moe.policy_bench.routers import RouterUnderTest, flush_caches, label
 from sgl_moe.policy_bench.scenarios import SMOKE, Scenario, Sizes, select
 from sgl_moe.policy_bench.stream import StreamUnit, build_stream, oracle_cached_tokens
-from sgl_moe.router.router_tokenizer import RouterTokenizer
+from sgl_moe.router.request.router_tokenizer import RouterTokenizer
 from sgl_moe.workloads import WORKLOADS, WorkloadConfig
 
 ROUTERS = ("longest_block_match", "cache_aware", "round_robin")

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from sgl_moe.policy_bench.stream import StreamUnit
-from sgl_moe.router.router_tokenizer import RouterTokenizer
+from sgl_moe.router.request.router_tokenizer import RouterTokenizer
 from sgl_moe.workloads.segments import new_segment, segment_text
 
 Popularity = Literal["zipf", "uniform"]

@@ -22,8 +22,8 @@ from aiohttp import web
 
 from sgl_moe import DEFAULT_MODEL_DIR
 from sgl_moe.flops import FlopsModel
-from sgl_moe.router.block_hash import block_hashes
-from sgl_moe.router.router_tokenizer import RouterTokenizer
+from sgl_moe.router.request.block_hash import block_hashes
+from sgl_moe.router.request.router_tokenizer import RouterTokenizer
 
 PAGE = 16
 

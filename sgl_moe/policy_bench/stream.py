@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from sgl_moe.router.block_hash import block_hashes
-from sgl_moe.router.prefill_tasks import expand_text
-from sgl_moe.router.router_tokenizer import RouterTokenizer
+from sgl_moe.router.front.prefill_tasks import expand_text
+from sgl_moe.router.request.block_hash import block_hashes
+from sgl_moe.router.request.router_tokenizer import RouterTokenizer
 from sgl_moe.workloads import WorkloadConfig, generate, to_task
 
 

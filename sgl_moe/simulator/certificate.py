@@ -15,10 +15,10 @@ from collections.abc import Callable
 from operator import itemgetter
 from typing import Protocol
 
-from sgl_moe.router.job import Job
-from sgl_moe.router.load_order import LoadOrder
-from sgl_moe.router.scheduler import PUMP_SCAN_LIMIT
-from sgl_moe.router.worker import Worker
+from sgl_moe.router.membership.worker import Worker
+from sgl_moe.router.placement.job import Job
+from sgl_moe.router.placement.load_order import LoadOrder
+from sgl_moe.router.placement.scheduler import PUMP_SCAN_LIMIT
 
 
 class DirtySink(Protocol):

@@ -25,11 +25,11 @@ losing one of the job's leading blocks breaks it):
 
 from __future__ import annotations
 
-from sgl_moe.router.candidates import job_cost
-from sgl_moe.router.job import Job
-from sgl_moe.router.load_order import LoadOrder
-from sgl_moe.router.scheduler import Scheduler, theta_is_measured
-from sgl_moe.router.worker import Worker
+from sgl_moe.router.membership.worker import Worker
+from sgl_moe.router.placement.candidates import job_cost
+from sgl_moe.router.placement.job import Job
+from sgl_moe.router.placement.load_order import LoadOrder
+from sgl_moe.router.placement.scheduler import Scheduler, theta_is_measured
 from sgl_moe.simulator.certificate import Certificate, DirtySink
 from sgl_moe.simulator.logged_index import LoggedBlockIndex
 from sgl_moe.simulator.spill_rule import spill_penalty

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from collections.abc import Callable, Collection, Iterable, Sequence
 
-from sgl_moe.router.block_index import BlockIndex
-from sgl_moe.router.job import Job
+from sgl_moe.router.placement.block_index import BlockIndex
+from sgl_moe.router.placement.job import Job
 from sgl_moe.simulator.certificate import Certificate
 from sgl_moe.simulator.match_memo import MatchMemo
 

@@ -20,10 +20,10 @@ from __future__ import annotations
 import heapq
 from collections import Counter
 
-from sgl_moe.router.job import Job, Placement
-from sgl_moe.router.load_order import LoadOrder
-from sgl_moe.router.scheduler import PUMP_SCAN_LIMIT, Scheduler
-from sgl_moe.router.worker import Worker
+from sgl_moe.router.membership.worker import Worker
+from sgl_moe.router.placement.job import Job, Placement
+from sgl_moe.router.placement.load_order import LoadOrder
+from sgl_moe.router.placement.scheduler import PUMP_SCAN_LIMIT, Scheduler
 from sgl_moe.simulator.certificate import Certificate, QueueLog, Waiters, uses_ahead
 from sgl_moe.simulator.certify import Certifier
 from sgl_moe.simulator.logged_index import LoggedBlockIndex

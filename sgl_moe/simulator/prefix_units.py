@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from hashlib import shake_128
 from typing import Literal
 
-from sgl_moe.router.block_hash import block_hash_chain
+from sgl_moe.router.request.block_hash import block_hash_chain
 from sgl_moe.simulator.units import SimUnit
 from sgl_moe.workloads import Segment
 

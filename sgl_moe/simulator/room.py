@@ -13,9 +13,9 @@ from __future__ import annotations
 
 from bisect import bisect_left
 
-from sgl_moe.router.job import Job
-from sgl_moe.router.policy import PlacementPolicy
-from sgl_moe.router.worker import Worker
+from sgl_moe.router.membership.worker import Worker
+from sgl_moe.router.placement.job import Job
+from sgl_moe.router.placement.policy import PlacementPolicy
 
 ROOM_SLACK = 1e-9
 """Relative slack on the release's Θ test: a worker kept one release too long is filtered by the policy."""

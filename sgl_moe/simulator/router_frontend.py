@@ -23,15 +23,15 @@ from __future__ import annotations
 import itertools
 from collections.abc import Callable, Iterator, Mapping
 
-from sgl_moe.router.block_index import BlockIndex
 from sgl_moe.router.config import Policy, RouterConfig
-from sgl_moe.router.event_listener import EventSource
-from sgl_moe.router.job import Job, Placement
-from sgl_moe.router.kv_events import BlockRemoved, BlockStored, EventBatch
-from sgl_moe.router.pending import PendingLedger
-from sgl_moe.router.scheduler import PUMP_SCAN_LIMIT
-from sgl_moe.router.worker import Worker
-from sgl_moe.router.worker_pool import WorkerPool
+from sgl_moe.router.membership.event_listener import EventSource
+from sgl_moe.router.membership.kv_events import BlockRemoved, BlockStored, EventBatch
+from sgl_moe.router.membership.worker import Worker
+from sgl_moe.router.membership.worker_pool import WorkerPool
+from sgl_moe.router.placement.block_index import BlockIndex
+from sgl_moe.router.placement.job import Job, Placement
+from sgl_moe.router.placement.pending import PendingLedger
+from sgl_moe.router.placement.scheduler import PUMP_SCAN_LIMIT
 from sgl_moe.simulator.engine import Engine
 from sgl_moe.simulator.memo import LoggedBlockIndex, MemoScheduler
 from sgl_moe.simulator.timeline import Timeline

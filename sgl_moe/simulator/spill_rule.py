@@ -11,14 +11,14 @@ the memo gives such jobs no certificate and scores them every time).
 
 from __future__ import annotations
 
-from sgl_moe.router.block_index import BlockIndex
-from sgl_moe.router.candidates import Candidate
 from sgl_moe.router.config import RouterConfig
-from sgl_moe.router.job import Job
-from sgl_moe.router.pending import PendingLedger
-from sgl_moe.router.policy import DEFERRED, PlacementPolicy
-from sgl_moe.router.scheduler import SchedulerStats
-from sgl_moe.router.worker_pool import WorkerPool
+from sgl_moe.router.membership.worker_pool import WorkerPool
+from sgl_moe.router.placement.block_index import BlockIndex
+from sgl_moe.router.placement.candidates import Candidate
+from sgl_moe.router.placement.job import Job
+from sgl_moe.router.placement.pending import PendingLedger
+from sgl_moe.router.placement.policy import DEFERRED, PlacementPolicy
+from sgl_moe.router.placement.scheduler import SchedulerStats
 from sgl_moe.wire import WorkerInfo
 
 PENALTIES = (0, 1)

@@ -18,7 +18,7 @@ from __future__ import annotations
 import heapq
 import itertools
 
-from sgl_moe.router.worker import Worker
+from sgl_moe.router.membership.worker import Worker
 from sgl_moe.simulator.certificate import Certificate, break_slots
 
 COLLECT_AT = 65536

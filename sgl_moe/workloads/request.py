@@ -1,6 +1,6 @@
 """A workload request, its contract-A task object and its prefill units as segments.
 
-The router (contract A, ``router/prefill_tasks.py``) renders a task into the atomic prefills it sends:
+The router (contract A, ``router/front/prefill_tasks.py``) renders a task into the atomic prefills it sends:
 
 * classify: the prompt;
 * choice:   ``prompt + "\\n" + "".join(f"{id}. {choice}\\n") + "Answer:"``;

@@ -1,7 +1,7 @@
 """A stand-in for the router's ``POST /v1/classify`` and ``POST /generate``, for testing clients in-process.
 
 It answers contract A's shapes with the router's own task parsing and result assembly
-(``sgl_moe.router.prefill_tasks``), but scores every unit with a hash instead of a model, so a client
+(``sgl_moe.router.front.prefill_tasks``), but scores every unit with a hash instead of a model, so a client
 (the classify CLI, the locustfile) can be tested without SGLang workers. Faults are injected by knobs
 (``FakeRouterKnobs``) and every request it saw is recorded, so tests can check what a client sent.
 It runs on its own event loop in a background thread and listens on a real loopback port, because
@@ -22,7 +22,7 @@ import orjson
 from aiohttp import web
 
 from sgl_moe.router.errors import error_response
-from sgl_moe.router.prefill_tasks import TaskError, combine, parse_tasks
+from sgl_moe.router.front.prefill_tasks import TaskError, combine, parse_tasks
 
 FAIL_MARKER = "FAIL"
 """A task whose prompt contains this string gets an error result (HTTP 200, contract A's run-time failure)."""

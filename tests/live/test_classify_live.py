@@ -13,8 +13,8 @@ import uuid
 import httpx
 import pytest
 
-from sgl_moe.router.prefill_tasks import choice_prompt, multi_suffix
-from sgl_moe.router.router_tokenizer import RouterTokenizer
+from sgl_moe.router.front.prefill_tasks import choice_prompt, multi_suffix
+from sgl_moe.router.request.router_tokenizer import RouterTokenizer
 
 TOL = 1e-5
 

@@ -6,8 +6,8 @@ import time
 import httpx
 import zmq
 
-from sgl_moe.router.block_hash import block_hashes
-from sgl_moe.router.kv_events import BlockStored, decode_frames
+from sgl_moe.router.membership.kv_events import BlockStored, decode_frames
+from sgl_moe.router.request.block_hash import block_hashes
 
 
 def _fresh_prompt(seed, length):

@@ -26,7 +26,7 @@ from aiohttp.test_utils import TestClient, TestServer
 from sgl_moe import DEFAULT_MODEL_DIR
 from sgl_moe.harness.router_process import RouterProcess, RouterStartError
 from sgl_moe.router.config import RouterConfig
-from sgl_moe.router.service import ROUTER, build_app
+from sgl_moe.router.front.service import ROUTER, build_app
 
 THETA = "1e18"
 """Pinned Θ: one Θ for both workers (the fast path needs it) and never saturated by this file's requests."""

@@ -15,7 +15,7 @@ from doubles.fake_router import FakeRouter
 
 from sgl_moe.loadtest import traffic as lr
 from sgl_moe.loadtest.runner import LoadTestConfig, main, read_stats
-from sgl_moe.router.prefill_tasks import expand_text
+from sgl_moe.router.front.prefill_tasks import expand_text
 from sgl_moe.workloads import WORKLOADS, WorkloadConfig, generate, to_task
 
 USERS = 2

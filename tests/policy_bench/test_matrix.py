@@ -14,7 +14,7 @@ from sgl_moe.policy_bench import matrix
 from sgl_moe.policy_bench.prefix_stream import PrefixStreamConfig, build_prefix_stream
 from sgl_moe.policy_bench.report import matrix_table, median_row, run_ratios, verdict
 from sgl_moe.policy_bench.scenarios import MATRIX, Sizes, select
-from sgl_moe.router.router_tokenizer import RouterTokenizer
+from sgl_moe.router.request.router_tokenizer import RouterTokenizer
 
 
 @pytest.fixture(scope="module")

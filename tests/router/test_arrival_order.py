@@ -9,8 +9,8 @@ from collections.abc import Iterator
 import pytest
 from doubles.stand_in import tokenizer_dir
 
-from sgl_moe.router.arrival_order import ArrivalOrder
-from sgl_moe.router.service import ROUTER
+from sgl_moe.router.front.arrival_order import ArrivalOrder
+from sgl_moe.router.front.service import ROUTER
 
 from .test_hardening import Setup
 
@@ -70,7 +70,7 @@ def setup(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Setup]:
 def test_a_small_request_does_not_overtake_a_large_one_parsed_in_a_thread(setup, monkeypatch):
     """The large body's parse is made slow (0.5 s, in its thread): the small one, parsed at once on the event
     loop, must still wait for it to be placed."""
-    import sgl_moe.router.service as service
+    import sgl_moe.router.front.service as service
 
     parse = service.parse_request
 

@@ -2,7 +2,7 @@
 
 import pytest
 
-from sgl_moe.router.block_hash import block_hashes
+from sgl_moe.router.request.block_hash import block_hashes
 
 
 def test_golden_single_page():
@@ -45,7 +45,7 @@ def test_cache_salt_namespace_matches_sglang_event_hashes():
     utils = pytest.importorskip("sglang.srt.mem_cache.utils")
     from types import SimpleNamespace
 
-    from sgl_moe.router.block_hash import salt_seed
+    from sgl_moe.router.request.block_hash import salt_seed
 
     tokens = list(range(7, 7 + 16 * 3))
 

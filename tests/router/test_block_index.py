@@ -1,7 +1,7 @@
 """Committed/pending tables and the longest-prefix match over all targets."""
 
-from sgl_moe.router.block_index import BlockIndex
-from sgl_moe.router.pending import PendingLedger
+from sgl_moe.router.placement.block_index import BlockIndex
+from sgl_moe.router.placement.pending import PendingLedger
 
 
 def _mask(*slots):

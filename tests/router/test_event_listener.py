@@ -16,8 +16,8 @@ import zmq
 import zmq.asyncio
 from sglang.srt.disaggregation import kv_events as sgl
 
-from sgl_moe.router.event_listener import EventListener, EventSource
-from sgl_moe.router.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, EventBatch
+from sgl_moe.router.membership.event_listener import EventListener, EventSource
+from sgl_moe.router.membership.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, EventBatch
 
 
 class RecordingSink:

@@ -16,8 +16,8 @@ from sglang.srt.disaggregation import kv_events as sgl
 
 from sgl_moe.kv_event_keys import ClientKeys, generate, load_client_keys
 from sgl_moe.patches.kv_events_curve import publisher_class
-from sgl_moe.router.event_listener import EventListener, EventSource
-from sgl_moe.router.kv_events import BlockStored, EventBatch
+from sgl_moe.router.membership.event_listener import EventListener, EventSource
+from sgl_moe.router.membership.kv_events import BlockStored, EventBatch
 
 TOKENS = [101, 202, 303, 404]
 

@@ -3,7 +3,7 @@
 import pytest
 
 from sgl_moe.router.errors import RequestError
-from sgl_moe.router.grammar_limits import check_grammars, ebnf_depth, json_depth, regex_depth
+from sgl_moe.router.request.grammar_limits import check_grammars, ebnf_depth, json_depth, regex_depth
 
 
 @pytest.mark.parametrize(("pattern", "depth"), [

@@ -18,10 +18,10 @@ import pytest
 from aiohttp.test_utils import TestClient, TestServer
 from doubles.stand_in import StandIn, tokenizer_dir
 
-from sgl_moe.router.auth import allowed, bearer, route_level
 from sgl_moe.router.config import RouterConfig
-from sgl_moe.router.service import ROUTER, build_app, describe_config
-from sgl_moe.router.suspects import Suspect, SuspectList
+from sgl_moe.router.front.auth import allowed, bearer, route_level
+from sgl_moe.router.front.service import ROUTER, build_app, describe_config
+from sgl_moe.router.placement.suspects import Suspect, SuspectList
 
 VOCAB = 4096  # the shipped model's config.json
 HIDDEN = 128
@@ -435,7 +435,7 @@ def _health_worker(inflight: int, progress_age_s: float) -> Any:
 def test_health_tells_busy_from_dead(inflight: int, age: float, exc: Any, out_after: int | None):
     import aiohttp
 
-    from sgl_moe.router.health import HealthMonitor
+    from sgl_moe.router.membership.health import HealthMonitor
 
     if exc == "refused":
         exc = aiohttp.ClientConnectorError(None, OSError(111, "Connection refused"))  # type: ignore[arg-type]

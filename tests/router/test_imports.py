@@ -33,7 +33,7 @@ def test_router_entry_point_rejects_bad_flags_in_one_line():
 def test_router_modules_import_no_private_names():
     """Modules reuse each other through public names only (a leading underscore means: this module's own)."""
     offenders = []
-    for path in sorted(Path(r.__path__[0]).glob("*.py")):
+    for path in sorted(Path(r.__path__[0]).rglob("*.py")):
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("sgl_moe."):
                 offenders += [f"{path.name}: {node.module}.{a.name}" for a in node.names if a.name.startswith("_")]

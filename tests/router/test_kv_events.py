@@ -3,7 +3,7 @@
 import msgspec
 import pytest
 
-from sgl_moe.router.kv_events import (
+from sgl_moe.router.membership.kv_events import (
     AllBlocksCleared,
     BlockRemoved,
     BlockStored,

@@ -16,13 +16,13 @@ from aiohttp.test_utils import TestClient, TestServer
 
 from sgl_moe import DEFAULT_MODEL_DIR
 from sgl_moe.flops import FlopsModel
-from sgl_moe.router.block_index import BlockIndex
 from sgl_moe.router.config import RouterConfig
-from sgl_moe.router.pending import PendingLedger
-from sgl_moe.router.plain_worker import build_info, kv_event_endpoints
-from sgl_moe.router.service import ROUTER, build_app
-from sgl_moe.router.worker import WorkerError
-from sgl_moe.router.worker_pool import WorkerPool
+from sgl_moe.router.front.service import ROUTER, build_app
+from sgl_moe.router.membership.plain_worker import build_info, kv_event_endpoints
+from sgl_moe.router.membership.worker import WorkerError
+from sgl_moe.router.membership.worker_pool import WorkerPool
+from sgl_moe.router.placement.block_index import BlockIndex
+from sgl_moe.router.placement.pending import PendingLedger
 from sgl_moe.wire import KvEventEndpoint
 
 MODEL = str(DEFAULT_MODEL_DIR)

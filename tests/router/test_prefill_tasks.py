@@ -4,7 +4,7 @@ import math
 
 import pytest
 
-from sgl_moe.router.prefill_tasks import (
+from sgl_moe.router.front.prefill_tasks import (
     TaskError,
     choice_prompt,
     combine,

@@ -3,13 +3,13 @@
 import pytest
 
 from sgl_moe.flops import FlopsModel
-from sgl_moe.router.block_index import BlockIndex
 from sgl_moe.router.config import RouterConfig
-from sgl_moe.router.job import Job
-from sgl_moe.router.pending import PendingLedger
-from sgl_moe.router.prefix_homes import PrefixHomes, sampled_positions
-from sgl_moe.router.scheduler import Scheduler
-from sgl_moe.router.worker import Worker
+from sgl_moe.router.membership.worker import Worker
+from sgl_moe.router.placement.block_index import BlockIndex
+from sgl_moe.router.placement.job import Job
+from sgl_moe.router.placement.pending import PendingLedger
+from sgl_moe.router.placement.prefix_homes import PrefixHomes, sampled_positions
+from sgl_moe.router.placement.scheduler import Scheduler
 from sgl_moe.wire import SaturationInfo, WorkerInfo
 
 PAGE = 16

@@ -16,10 +16,10 @@ import threading
 
 import pytest
 
-from sgl_moe.router.block_hash import block_hashes, salt_seed
-from sgl_moe.router.prefix_memo import PrefixMemo, page_hashes
-from sgl_moe.router.router_tokenizer import RouterTokenizer
-from sgl_moe.router.token_cuts import CutRule
+from sgl_moe.router.request.block_hash import block_hashes, salt_seed
+from sgl_moe.router.request.prefix_memo import PrefixMemo, page_hashes
+from sgl_moe.router.request.router_tokenizer import RouterTokenizer
+from sgl_moe.router.request.token_cuts import CutRule
 from sgl_moe.worker.info import tokenizer_files
 
 from .test_router_tokenizer import DECLARED, GENERIC, MESSAGES, PROBES, variant_dir
@@ -196,7 +196,7 @@ def test_in_service_the_memo_serves_shared_prefixes_and_reports_it(tmp_path_fact
     worker receives the ids of a whole encode, and ``/metrics`` says how many ids the memo gave."""
     from doubles.stand_in import tokenizer_dir
 
-    from sgl_moe.router.service import ROUTER
+    from sgl_moe.router.front.service import ROUTER
 
     from .test_hardening import Setup
 

@@ -23,7 +23,7 @@ from aiohttp.test_utils import TestClient, TestServer
 from doubles.stand_in import StandIn, tokenizer_dir
 
 from sgl_moe.router.config import RouterConfig
-from sgl_moe.router.service import ROUTER, Router, build_app
+from sgl_moe.router.front.service import ROUTER, Router, build_app
 
 POISON, HANG = 4000, 4001
 """Token ids that kill whichever worker prefills them, or keep it busy with them for an hour."""

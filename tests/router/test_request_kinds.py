@@ -22,8 +22,8 @@ from aiohttp.test_utils import TestClient, TestServer
 from doubles.stand_in import StandIn, tokenizer_dir
 
 from sgl_moe.router.config import RouterConfig
-from sgl_moe.router.intake import single_prompt
-from sgl_moe.router.service import RID_ENDPOINTS, ROUTER, build_app
+from sgl_moe.router.front.attempt import RID_ENDPOINTS, single_prompt
+from sgl_moe.router.front.service import ROUTER, build_app
 
 TEXT = "The quick brown fox jumps over the lazy dog; " * 6
 OTHER = "Pack my box with five dozen liquor jugs. " * 5

@@ -14,14 +14,14 @@ from dataclasses import replace
 import pytest
 
 from sgl_moe import saturation
-from sgl_moe.router.block_index import BlockIndex
-from sgl_moe.router.candidates import job_cost
 from sgl_moe.router.config import RouterConfig
-from sgl_moe.router.job import Job
-from sgl_moe.router.pending import PendingLedger
-from sgl_moe.router.scheduler import Scheduler
-from sgl_moe.router.worker import Worker
-from sgl_moe.router.worker_pool import WorkerPool
+from sgl_moe.router.membership.worker import Worker
+from sgl_moe.router.membership.worker_pool import WorkerPool
+from sgl_moe.router.placement.block_index import BlockIndex
+from sgl_moe.router.placement.candidates import job_cost
+from sgl_moe.router.placement.job import Job
+from sgl_moe.router.placement.pending import PendingLedger
+from sgl_moe.router.placement.scheduler import Scheduler
 from sgl_moe.wire import SaturationInfo
 from tests.router.test_placement_rules import FLOPS, INFO, PAGE, Clock, Pool
 

@@ -7,7 +7,8 @@ from pathlib import Path
 import pytest
 
 import sgl_moe
-from sgl_moe.router.api_fields import (
+from sgl_moe.router.errors import RequestError
+from sgl_moe.router.request.api_fields import (
     CHAT_FIELDS,
     CHAT_VALIDATOR_INPUTS,
     COMPLETION_FIELDS,
@@ -15,11 +16,10 @@ from sgl_moe.router.api_fields import (
     GENERATE_FIELDS,
     SCORE_FIELDS,
 )
-from sgl_moe.router.context_limits import DEFAULT_COMPLETION_MAX_TOKENS, DEFAULT_MAX_NEW_TOKENS
-from sgl_moe.router.errors import RequestError
-from sgl_moe.router.parsed_request import Namespace
-from sgl_moe.router.request_parsing import parse_request
-from sgl_moe.router.router_tokenizer import RouterTokenizer
+from sgl_moe.router.request.context_limits import DEFAULT_COMPLETION_MAX_TOKENS, DEFAULT_MAX_NEW_TOKENS
+from sgl_moe.router.request.parsed_request import Namespace
+from sgl_moe.router.request.request_parsing import parse_request
+from sgl_moe.router.request.router_tokenizer import RouterTokenizer
 
 MODEL_DIR = Path(sgl_moe.__file__).parent / "models" / "tiny-qwen3-moe"
 SERVED = "tiny"

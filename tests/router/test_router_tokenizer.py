@@ -8,7 +8,7 @@ import shutil
 import pytest
 
 from sgl_moe import DEFAULT_MODEL_DIR
-from sgl_moe.router.router_tokenizer import (
+from sgl_moe.router.request.router_tokenizer import (
     LOAD_KWARGS,
     SPECIAL_TOKEN_ATTRIBUTES,
     ChatTemplateError,

@@ -5,13 +5,13 @@ import asyncio
 import pytest
 
 from sgl_moe.flops import FlopsModel
-from sgl_moe.router.block_index import BlockIndex
-from sgl_moe.router.candidates import job_cost
 from sgl_moe.router.config import RouterConfig
-from sgl_moe.router.job import Job
-from sgl_moe.router.pending import PendingLedger
-from sgl_moe.router.scheduler import QueueFull, Scheduler
-from sgl_moe.router.worker import Worker
+from sgl_moe.router.membership.worker import Worker
+from sgl_moe.router.placement.block_index import BlockIndex
+from sgl_moe.router.placement.candidates import job_cost
+from sgl_moe.router.placement.job import Job
+from sgl_moe.router.placement.pending import PendingLedger
+from sgl_moe.router.placement.scheduler import QueueFull, Scheduler
 from sgl_moe.wire import SaturationInfo, WorkerInfo
 
 FLOPS = FlopsModel(linear_flops_per_token=1000.0, attn_flops_per_pair=10.0, lm_head_flops_per_token=100.0,

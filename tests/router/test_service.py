@@ -2,8 +2,8 @@
 
 import inspect
 
-from sgl_moe.router.forwarding import Forwarder
-from sgl_moe.router.service import Router
+from sgl_moe.router.front.forwarding import Forwarder
+from sgl_moe.router.front.service import Router
 
 HOOKS = {Router: ("run",), Forwarder: ("forward",)}
 """``classify_route`` places through ``router.run`` and forwards through ``router.forwarder.forward``."""

@@ -13,10 +13,10 @@ from aiohttp import web
 
 from sgl_moe import DEFAULT_MODEL_DIR
 from sgl_moe.flops import FlopsModel
-from sgl_moe.router.block_index import BlockIndex
 from sgl_moe.router.config import RouterConfig
-from sgl_moe.router.pending import PendingLedger
-from sgl_moe.router.worker_pool import WorkerPool
+from sgl_moe.router.membership.worker_pool import WorkerPool
+from sgl_moe.router.placement.block_index import BlockIndex
+from sgl_moe.router.placement.pending import PendingLedger
 
 
 def _info(state: str, flops: float) -> dict:

@@ -20,11 +20,17 @@ from aiohttp.test_utils import TestClient, TestServer
 
 from sgl_moe import DEFAULT_MODEL_DIR, saturation, wire
 from sgl_moe.flops import FlopsModel
-from sgl_moe.router.chat_prompt import chat_prompt
 from sgl_moe.router.config import RouterConfig
-from sgl_moe.router.router_tokenizer import RouterTokenizer
-from sgl_moe.router.service import ROUTER, build_app
-from sgl_moe.router.tokenizer_probe import LONG_TEXT, PROBE_MESSAGES, PROBE_TEXTS, first_difference, probe_texts
+from sgl_moe.router.front.service import ROUTER, build_app
+from sgl_moe.router.membership.tokenizer_probe import (
+    LONG_TEXT,
+    PROBE_MESSAGES,
+    PROBE_TEXTS,
+    first_difference,
+    probe_texts,
+)
+from sgl_moe.router.request.chat_prompt import chat_prompt
+from sgl_moe.router.request.router_tokenizer import RouterTokenizer
 from sgl_moe.worker.args import MoeArgs
 from sgl_moe.worker.info import build_info
 

@@ -11,15 +11,15 @@ from aiohttp import web
 
 from sgl_moe import DEFAULT_MODEL_DIR
 from sgl_moe.flops import FlopsModel
-from sgl_moe.router.block_index import BlockIndex
 from sgl_moe.router.config import RouterConfig
-from sgl_moe.router.discovery import Discovery, decode
-from sgl_moe.router.event_listener import EventSource
-from sgl_moe.router.kv_events import BlockStored, EventBatch
-from sgl_moe.router.pending import PendingLedger
-from sgl_moe.router.router_tokenizer import RouterTokenizer
-from sgl_moe.router.worker import WorkerError
-from sgl_moe.router.worker_pool import WorkerPool
+from sgl_moe.router.membership.discovery import Discovery, decode
+from sgl_moe.router.membership.event_listener import EventSource
+from sgl_moe.router.membership.kv_events import BlockStored, EventBatch
+from sgl_moe.router.membership.worker import WorkerError
+from sgl_moe.router.membership.worker_pool import WorkerPool
+from sgl_moe.router.placement.block_index import BlockIndex
+from sgl_moe.router.placement.pending import PendingLedger
+from sgl_moe.router.request.router_tokenizer import RouterTokenizer
 from sgl_moe.wire import KvEventEndpoint, SaturationInfo, TokenizerFiles, WorkerInfo, to_builtins
 from sgl_moe.worker.info import tokenizer_files
 

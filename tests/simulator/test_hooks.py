@@ -16,12 +16,12 @@ import pytest
 
 import sgl_moe.router as router_pkg
 import sgl_moe.simulator as simulator_pkg
-from sgl_moe.router.block_index import BlockIndex
 from sgl_moe.router.config import RouterConfig
-from sgl_moe.router.event_sink import KvEventSink
-from sgl_moe.router.pending import PendingLedger
-from sgl_moe.router.scheduler import Scheduler
-from sgl_moe.router.worker_pool import WorkerPool
+from sgl_moe.router.membership.event_sink import KvEventSink
+from sgl_moe.router.membership.worker_pool import WorkerPool
+from sgl_moe.router.placement.block_index import BlockIndex
+from sgl_moe.router.placement.pending import PendingLedger
+from sgl_moe.router.placement.scheduler import Scheduler
 
 HOOKS: dict[type, tuple[str, ...]] = {
     WorkerPool: ("without_http", "admit"),
@@ -38,7 +38,7 @@ INDEX_MUTATORS = ("add_target", "remove_target", "store", "remove", "clear_commi
 
 
 def _modules(pkg) -> list[Path]:
-    return sorted(Path(pkg.__path__[0]).glob("*.py"))
+    return sorted(Path(pkg.__path__[0]).rglob("*.py"))
 
 
 def _is_private(name: str) -> bool:
@@ -140,8 +140,8 @@ def test_simulator_touches_no_router_private():
 
 def test_the_scan_catches_what_the_simulator_used_to_do():
     old = """
-from sgl_moe.router.scheduler import Scheduler
-from sgl_moe.router.worker_pool import WorkerPool
+from sgl_moe.router.placement.scheduler import Scheduler
+from sgl_moe.router.membership.worker_pool import WorkerPool
 
 class SimPool(WorkerPool):
     def __init__(self, workers):

@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from sgl_moe.router.block_hash import block_hash_chain, block_hashes
+from sgl_moe.router.request.block_hash import block_hash_chain, block_hashes
 from sgl_moe.simulator import Calibration, SimUnit, UnitStream, cpu_tiny, h100_30b, load
 from sgl_moe.simulator.engine import Engine, SharedCompute
 from sgl_moe.simulator.kv_cache import KVCacheModel

@@ -12,13 +12,13 @@ import asyncio
 
 import pytest
 
-from sgl_moe.router.block_index import BlockIndex
 from sgl_moe.router.config import RouterConfig
-from sgl_moe.router.event_listener import EventSource
-from sgl_moe.router.job import Job
-from sgl_moe.router.kv_events import BlockRemoved, BlockStored, EventBatch
-from sgl_moe.router.pending import PendingLedger
-from sgl_moe.router.scheduler import Scheduler
+from sgl_moe.router.membership.event_listener import EventSource
+from sgl_moe.router.membership.kv_events import BlockRemoved, BlockStored, EventBatch
+from sgl_moe.router.placement.block_index import BlockIndex
+from sgl_moe.router.placement.job import Job
+from sgl_moe.router.placement.pending import PendingLedger
+from sgl_moe.router.placement.scheduler import Scheduler
 from sgl_moe.simulator import SimConfig, Simulation, SimUnit, UnitStream, cpu_tiny, h100_30b
 from sgl_moe.simulator.router_frontend import SimPool
 from sgl_moe.workloads import WorkloadConfig

@@ -14,7 +14,7 @@ import pytest
 
 from sgl_moe import saturation
 from sgl_moe.flops import FlopsModel
-from sgl_moe.router.worker import Worker
+from sgl_moe.router.membership.worker import Worker
 from sgl_moe.saturation import CalibrationError
 from sgl_moe.wire import SaturationInfo, WorkerInfo
 from sgl_moe.worker.info import with_saturation

@@ -33,7 +33,7 @@ def test_tasks_follow_contract_a():
 
 
 def test_the_routers_parser_accepts_them():
-    prefill_tasks = pytest.importorskip("sgl_moe.router.prefill_tasks")
+    prefill_tasks = pytest.importorskip("sgl_moe.router.front.prefill_tasks")
     tasks = [to_task(r) for r in generate(WorkloadConfig(requests=500, seed=12))]
     parsed, _, _ = prefill_tasks.parse_tasks({"inputs": tasks})
     assert len(parsed) == 500

@@ -66,7 +66,7 @@ def test_rare_workloads_tokenize_too(tokenizer):
 
 
 def test_units_match_the_routers_own_rendering():
-    prefill_tasks = pytest.importorskip("sgl_moe.router.prefill_tasks")
+    prefill_tasks = pytest.importorskip("sgl_moe.router.front.prefill_tasks")
     for req in generate(WorkloadConfig(requests=200, seed=5)):
         task = to_task(req)
         rendered = [u.prompt for u in prefill_tasks.expand_text(task)]

@@ -1,0 +1,86 @@
+"""What the router sends a worker for one client request: the body's bytes (serialised once, the router's ``rid``
+appended), the headers passed on, the fingerprint suspects are known by, and the ``rid`` to abort."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+from sgl_moe.router.config import RouterConfig
+from sgl_moe.router.placement.suspects import SuspectList
+
+FORWARDED_HEADERS = ("x-data-parallel-rank",)
+"""Client headers passed on to the worker (``authorization`` too, when the router itself has no keys)."""
+RID_ENDPOINTS = ("/generate", "/v1/completions", "/v1/chat/completions")
+"""Routes whose body takes SGLang's ``rid``: the router sets it (when the client did not) so that it can abort
+the request on the worker when the client goes away."""
+
+
+@dataclass(frozen=True)
+class Attempt:
+    """What the router sends a worker for one client request (the same on a retry)."""
+
+    endpoint: str
+    body: bytes
+    headers: dict[str, str]
+    fingerprint: bytes
+    """``SuspectList.fingerprint`` of the route and body without any ``rid``."""
+    abort_rid: str | None
+    """The SGLang ``rid`` to abort on the worker if the client goes away (None: a batch, or no ``rid`` field;
+    the worker then notices the closed connection itself)."""
+
+    @classmethod
+    def of(cls, endpoint: str, body: dict[str, Any], client_headers: Mapping[str, str],
+           pass_authorization: bool) -> Attempt:
+        """The attempt for a parsed ``body`` (its ``rid`` set in place when the router makes one).
+        ``pass_authorization``: the router has no keys of its own, so the client's ``authorization`` goes on to
+        the workers (which check it, if anyone does)."""
+        client_rid = body.pop("rid", None) if endpoint in RID_ENDPOINTS else None
+        data = orjson.dumps(body)
+        fingerprint = SuspectList.fingerprint(endpoint, data)  # without any rid: a resent request matches
+        abort_rid = None
+        if endpoint in RID_ENDPOINTS:
+            if client_rid is None and single_prompt(endpoint, body):
+                client_rid = abort_rid = f"sgl-moe-{uuid.uuid4().hex}"  # unique: SGLang aborts by rid prefix
+            elif isinstance(client_rid, str):
+                abort_rid = client_rid
+            if client_rid is not None:  # appended to the bytes already made, as `body["rid"] = ...` would be
+                body["rid"] = client_rid
+                data = data[:-1] + (b',"rid":' if len(data) > 2 else b'"rid":') + orjson.dumps(client_rid) + b"}"
+        headers = {"content-type": "application/json"}
+        if pass_authorization and "authorization" in client_headers:
+            headers["authorization"] = client_headers["authorization"]
+        for h in FORWARDED_HEADERS:
+            if h in client_headers:
+                headers[h] = client_headers[h]
+        return cls(endpoint, data, headers, fingerprint, abort_rid)
+
+
+def single_prompt(endpoint: str, body: dict[str, Any]) -> bool:
+    """The body asks for one generation (SGLang then takes a string ``rid``; a batch needs one per prompt)."""
+    if endpoint == "/v1/chat/completions":
+        return True
+    if endpoint == "/v1/completions":
+        prompt = body.get("prompt")
+        return isinstance(prompt, str) or (isinstance(prompt, list) and bool(prompt) and isinstance(prompt[0], int))
+    if endpoint == "/generate":
+        for key in ("input_ids", "text", "input_embeds"):
+            value = body.get(key)
+            if value is None:
+                continue
+            if key == "text":
+                return isinstance(value, str)
+            if key == "input_ids":
+                return bool(value) and isinstance(value[0], int)
+            return bool(value) and isinstance(value[0], list) and bool(value[0]) and not isinstance(value[0][0], list)
+    return False
+
+
+def worker_auth_headers(cfg: RouterConfig) -> dict[str, str]:
+    """Headers on every request the router sends its workers: its client key, for workers started with SGLang's
+    ``--api-key`` set to it."""
+    return {"Authorization": f"Bearer {cfg.api_key}"} if cfg.api_key else {}

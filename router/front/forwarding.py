@@ -1,0 +1,180 @@
+"""Forwarding a placed request to its worker and relaying the answer to the client.
+
+Responses from workers reach the client byte for byte (status, body, content type); the router adds only
+``x-sgl-moe-*`` headers saying where the request went and what it predicted. A client that goes away has its
+request aborted on the worker; the worker's reported cached tokens are compared with the prediction.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Protocol
+
+import aiohttp
+import orjson
+from aiohttp import web
+
+from sgl_moe.router.errors import WorkerFailure
+from sgl_moe.router.front.attempt import Attempt
+from sgl_moe.router.front.upstream import abort_on_worker, failure, upstream
+from sgl_moe.router.placement.job import Placement
+
+log = logging.getLogger("sgl_moe.router")
+
+
+class Release(Protocol):
+    """``Scheduler.release``: give back a placement's reservation and settle its promised blocks (``ok``: the
+    request succeeded, so they are stored on its worker)."""
+
+    def __call__(self, placement: Placement, *, ok: bool) -> None: ...
+
+
+class Forwarder:
+    """Sends placed requests to their workers and relays the answers: ``forward`` (a published hook) and
+    ``stream`` each release the placement whatever happens; a request whose client went away is aborted on its
+    worker (``aborts``), by a task of its own that releases the placement when the abort is done."""
+
+    def __init__(self, session: aiohttp.ClientSession, release: Release, abort_timeout_s: float) -> None:
+        self.session = session
+        """The router's one HTTP client to the workers."""
+        self.release = release
+        self.abort_timeout_s = abort_timeout_s
+        """``--abort-timeout-s``: how long an abort may take before the request is counted as lost."""
+        self.aborts = 0
+        """Requests aborted on their worker because the client went away."""
+        self.abort_failures = 0
+        """Of those, aborts the worker did not accept within ``--abort-timeout-s`` (counted as lost)."""
+        self._tasks: list[asyncio.Task] = []
+        """Aborts under way."""
+
+    def cancel(self) -> None:
+        """The router stops: cancel the aborts under way (each still releases its placement)."""
+        for task in self._tasks:
+            task.cancel()
+
+    def _headers(self, placement: Placement) -> dict[str, str]:
+        return {"x-sgl-moe-worker": placement.worker.id, "x-sgl-moe-request-id": placement.job.rid,
+                "x-sgl-moe-predicted-cached-tokens": str(placement.predicted_cached_tokens),
+                "x-sgl-moe-queue-ms": f"{placement.queued_s * 1e3:.1f}"}
+
+    async def forward(self, attempt: Attempt, placement: Placement) -> web.Response:
+        """POST ``attempt`` to the placed worker; answer with its status and body byte for byte, plus our headers.
+
+        Hook: for use as ``Router.run``'s ``call`` (``classify_route`` uses it). It releases ``placement`` whatever
+        happens (the client leaving too: the request is then aborted on the worker), and raises WorkerFailure
+        (which ``run`` answers or retries) when the worker gives no usable answer.
+        """
+        worker = placement.worker
+        ok = aborting = False
+        try:
+            async with upstream(self.session, worker.url + attempt.endpoint, attempt.body, attempt.headers) as resp:
+                try:
+                    payload = await resp.read()
+                except (TimeoutError, aiohttp.ClientError) as exc:
+                    raise failure(exc) from None
+                status = resp.status
+                ctype = resp.headers.get("content-type", "application/json")
+            worker.last_progress = time.monotonic()
+            if status >= 500:
+                raise WorkerFailure(f"answered {status}: {payload[:300].decode(errors='replace')}", transport=False)
+            ok = status < 400
+            if ok:
+                self._note_cached(placement, attempt.endpoint, payload)
+            return web.Response(body=payload, status=status, headers={"content-type": ctype,
+                                                                      **self._headers(placement)})
+        except asyncio.CancelledError:
+            aborting = self._abort(attempt, placement)
+            raise
+        finally:
+            if not aborting:
+                self.release(placement, ok=ok)
+
+    async def stream(self, request: web.Request, attempt: Attempt, placement: Placement) -> web.StreamResponse:
+        """Relay the placed worker's streamed answer to ``request``'s client chunk by chunk (``forward``'s
+        streaming twin: it releases ``placement`` whatever happens)."""
+        worker = placement.worker
+        ok = aborting = False
+        try:
+            async with upstream(self.session, worker.url + attempt.endpoint, attempt.body, attempt.headers) as resp:
+                if resp.status >= 500:
+                    text = (await resp.read())[:300].decode(errors="replace")
+                    raise WorkerFailure(f"answered {resp.status}: {text}", transport=False)
+                out = web.StreamResponse(status=resp.status, headers={
+                    "content-type": resp.headers.get("content-type", "text/event-stream"), **self._headers(placement)})
+                await out.prepare(request)
+                try:
+                    async for chunk in resp.content.iter_any():
+                        await out.write(chunk)
+                except (TimeoutError, aiohttp.ClientError) as exc:
+                    log.warning("stream of %s from %s broke: %s", placement.job.rid, worker.id, exc)
+                    return out
+                except ConnectionResetError:  # the client went away mid-stream
+                    aborting = self._abort(attempt, placement)
+                    return out
+                await out.write_eof()
+                ok = resp.status < 400
+                return out
+        except asyncio.CancelledError:
+            aborting = self._abort(attempt, placement)
+            raise
+        finally:
+            if not aborting:
+                self.release(placement, ok=ok)
+
+    def _abort(self, attempt: Attempt | None, placement: Placement) -> bool:
+        """The client went away: abort its request on the worker. True when an abort task now owns releasing
+        ``placement`` (it does so whatever the abort's outcome, within ``--abort-timeout-s``); False when there is
+        no ``rid`` to abort (the worker notices the closed connection) and the caller releases it."""
+        self.aborts += 1
+        worker, rid = placement.worker, placement.job.rid
+        abort_rid = attempt.abort_rid if attempt is not None else None
+        log.info("client of request %s went away: %s", rid,
+                 f"aborting {abort_rid} on worker {worker.id}" if abort_rid else
+                 f"closed the connection to worker {worker.id}, which aborts it there")
+        if abort_rid is None:
+            return False
+        task = asyncio.get_running_loop().create_task(self._abort_then_release(placement, abort_rid))
+        self._tasks.append(task)
+        task.add_done_callback(self._tasks.remove)
+        return True
+
+    async def _abort_then_release(self, placement: Placement, abort_rid: str) -> None:
+        worker = placement.worker
+        t0 = time.monotonic()
+        try:
+            why = await abort_on_worker(self.session, worker.url, abort_rid, self.abort_timeout_s)
+            if why is not None:
+                self.abort_failures += 1
+                log.warning("abort of %s on worker %s failed after %.1f s: %s; the request is counted as lost and "
+                            "its load on the worker released", abort_rid, worker.id, time.monotonic() - t0, why)
+        finally:
+            self.release(placement, ok=False)
+
+    def _note_cached(self, placement: Placement, endpoint: str, payload: bytes) -> None:
+        """Compare the predicted prefix hit with what the worker reports (``meta_info.cached_tokens``)."""
+        if endpoint not in ("/generate", "/v1/completions", "/v1/chat/completions"):
+            return
+        try:
+            data = orjson.loads(payload)
+        except orjson.JSONDecodeError:
+            return
+        reported = None
+        if endpoint == "/generate":
+            items = data if isinstance(data, list) else [data]
+            vals = [i.get("meta_info", {}).get("cached_tokens") for i in items if isinstance(i, dict)]
+            if vals and all(isinstance(v, int) for v in vals):
+                reported = sum(vals)
+        else:
+            details = (data.get("usage") or {}).get("prompt_tokens_details") or {}
+            if isinstance(details.get("cached_tokens"), int):
+                reported = details["cached_tokens"]
+        if reported is not None:
+            c = placement.worker.counters
+            c.predicted_cached_tokens += placement.predicted_cached_tokens
+            c.reported_cached_tokens += reported
+            if reported != placement.predicted_cached_tokens and log.isEnabledFor(logging.DEBUG):
+                log.debug("request %s on %s: predicted %d cached tokens, the worker reported %d (%s)",
+                          placement.job.rid, placement.worker.id, placement.predicted_cached_tokens, reported,
+                          placement.reason.split(";")[0])

@@ -1,0 +1,96 @@
+"""What the router knows of a request once it is parsed: the prompts in token ids and their KV namespace.
+
+``request_parsing`` builds a ``ParsedRequest``; the service places and forwards it. The namespace
+rules here are ``GenerateReqInput``'s: SGLang keys the radix cache on LoRA adapter, cache salt and
+extra key, so only requests with none of them share plain block hashes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from sgl_moe.router.errors import RequestError
+
+if TYPE_CHECKING:
+    from sgl_moe.router.request.prefix_memo import MemoPath
+
+
+@dataclass(frozen=True)
+class Namespace:
+    """How SGLang namespaces the request's KV cache: only ``plain`` requests share plain block hashes."""
+
+    lora_name: str | None = None
+    cache_salt: str | None = None
+    extra_key: str | None = None
+
+    @property
+    def plain(self) -> bool:
+        return self.lora_name is None and self.cache_salt is None and self.extra_key is None
+
+
+@dataclass(frozen=True)
+class ParsedRequest:
+    endpoint: str
+    body: dict
+    """Body to forward: token ids in place of text where SGLang answers identically."""
+    prompts: list[list[int]]
+    """Every sequence the worker prefills, in token ids (score: one per item, as SGLang builds it)."""
+    shared_prefix_len: int
+    """Tokens all prompts share (their longest common prefix)."""
+    namespace: Namespace
+    prefill_only: bool
+    """At most one token decoded per prompt (``max_new_tokens <= 1``, score, decisions)."""
+    stream: bool
+    max_new_tokens: int
+    """Most tokens any prompt may decode (score and decisions: 0, as SGLang runs them)."""
+    model: str | None
+    """The model name the client gave, if any."""
+    affinity: bool
+    """False when the prompt ids cannot be known exactly; ``prompts`` is then a best estimate."""
+    memo_paths: list[MemoPath] | None = None
+    """For prompts encoded from text: the prefix-memo path of each (``PrefixMemo.page_hashes`` reuses the page
+    hashes its nodes hold); None otherwise."""
+
+
+def common_prefix_len(prompts: list[list[int]]) -> int:
+    """Tokens every prompt starts with."""
+    first = prompts[0]
+    n = len(first)
+    for p in prompts[1:]:
+        n = min(n, len(p))
+        for i in range(n):
+            if p[i] != first[i]:
+                n = i
+                break
+    return n
+
+
+def _per_prompt(body: dict, name: str, n: int, single: bool, *, allow_null_items: bool = False) -> list[str | None]:
+    """A namespace field per prompt, normalized as ``GenerateReqInput`` does ("" means none)."""
+    value = body.get(name)
+    if value is None:
+        return [None] * n
+    if isinstance(value, str):
+        return [value or None] * n
+    if single or not isinstance(value, list):
+        raise RequestError(400, f"{name} should be a string for a single request" if single
+                           else f"{name} should be a list or a string", name)
+    if len(value) != n:
+        raise RequestError(400, f"The length of {name} should be equal to the batch size.", name)
+    if not all(isinstance(v, str) or (allow_null_items and v is None) for v in value):
+        raise RequestError(400, f"Every {name} should be a string.", name)
+    return [v or None for v in value]
+
+
+def namespaces(body: dict, n: int, single: bool, *, lora: str | None) -> list[Namespace]:
+    """One namespace per prompt; an adapter named in ``model`` overrides ``lora_path``."""
+    loras = [lora] * n if lora is not None else _per_prompt(body, "lora_path", n, single, allow_null_items=True)
+    salts = _per_prompt(body, "cache_salt", n, single)
+    keys = _per_prompt(body, "extra_key", n, single)
+    return [Namespace(*t) for t in zip(loras, salts, keys)]
+
+
+def same_namespace(spaces: list[Namespace]) -> bool:
+    """True when every prompt shares the first one's namespace (a batch then keeps its affinity)."""
+    return all(ns == spaces[0] for ns in spaces)

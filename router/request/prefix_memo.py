@@ -1,0 +1,313 @@
+"""Token ids and page hashes of text prefixes the router has seen, so a request pays only for its new text.
+
+Texts are cut at *checkpoints*: the first cut ``CutRule`` allows at or after every ``segment_chars`` characters.
+A checkpoint depends only on the text up to one character past it, so two texts that share a prefix share its
+checkpoints. The memo is a tree of segments (the text between two checkpoints) keyed by their text: a path from
+the root spells a prefix, and each node keeps its segment's ids (no special tokens). A text's ids are the
+special tokens its tokenizer adds in front, the ids along the longest path it matches, the ids of the segments
+it memoises now and of the rest (encoded in one batch call, without the GIL), and the special tokens
+added at the end. Cut where ``CutRule`` allows, that equals a whole encode. A new segment becomes a node the
+second time it follows the same prefix: a popular prefix is memoised twice as far each time it is seen again,
+and text seen once (a unique prompt, each request's own tail) is encoded in one piece and costs no nodes.
+
+Each node also keeps the page hashes (``block_hash``) of the pages that end inside it, per page size and seed,
+so a shared prefix is hashed once too.
+
+Every ``check_every``-th text the memo helped with is also encoded whole and compared: a difference turns the
+memo off for good (the tokenizer then encodes every text whole), logged once and counted.
+
+Nodes are dropped least recently used first once they hold more than ``budget_tokens`` ids. A path is touched
+from its deepest node up, so a node is always more recent than its descendants and the oldest one is a leaf.
+The memo is shared by the threads that parse requests: one lock guards the tree, never held while encoding.
+"""
+
+from __future__ import annotations
+
+import array
+import logging
+import threading
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from sgl_moe.router.request.block_hash import BlockHash, block_hash_chain
+from sgl_moe.router.request.token_cuts import CutRule
+
+log = logging.getLogger("sgl_moe.router.tokenizer")
+
+SEGMENT_CHARS = 256
+"""Characters between checkpoints (about 50-70 tokens of English): what a request may encode again at most
+before its own new text."""
+BUDGET_TOKENS = 2_000_000
+"""Ids the memo keeps (4 bytes each) before it drops the least recently used segments."""
+GROW_SEGMENTS = 4
+"""Segments after its match a text remembers as seen at least (``_seen_cuts``): what a unique text pays for."""
+GHOSTS = 65_536
+"""Segments remembered as seen once (a hash each) before they become nodes on a second sight."""
+CHECK_EVERY = 64
+"""One text in this many that the memo helped with is also encoded whole and compared."""
+HASH_KEYS_PER_NODE = 4
+"""Page-hash chains a node keeps (one per page size and ``cache_salt`` seed)."""
+
+EncodeBatch = Callable[[list[str]], list[list[int]]]
+
+
+@dataclass(eq=False)
+class MemoNode:
+    """One segment of a memoised prefix."""
+
+    parent: MemoNode | None
+    key: str
+    """The segment's text."""
+    ids: array.array
+    """The segment's ids (uint32)."""
+    end: int
+    """Ids from the start of the text through this segment, the special tokens added in front included."""
+    chars: int = 0
+    """Characters from the start of the text through this segment."""
+    children: dict[str, dict[str, MemoNode]] = field(default_factory=dict)
+    """Child segments by their first characters up to the next multiple of ``segment_chars`` (every segment
+    from here is at least that long, so a text finds its candidates with one lookup), then by their text."""
+    hashes: dict[tuple[int, bytes | None], tuple[list[BlockHash], bytes | None]] = field(default_factory=dict)
+    """(page size, seed) -> hashes of the pages that end in this segment, and the chain's digest after them."""
+
+
+MemoPath = tuple[MemoNode, ...]
+"""The memo's nodes a text passes through, root's child first."""
+
+
+@dataclass
+class MemoStats:
+    texts: int = 0
+    """Texts encoded through the memo."""
+    memo_ids: int = 0
+    """Ids taken from the memo instead of encoded."""
+    encoded_chars: int = 0
+    """Characters the tokenizer still encoded."""
+    checks: int = 0
+    mismatches: int = 0
+
+
+class PrefixMemo:
+    """Encodes texts as ``encode_full`` would, reusing the ids of prefixes encoded before (see the module)."""
+
+    def __init__(self, rule: CutRule, encode_plain: EncodeBatch, encode_full: EncodeBatch, prefix: list[int],
+                 suffix: list[int], *, segment_chars: int = SEGMENT_CHARS, budget_tokens: int = BUDGET_TOKENS,
+                 check_every: int = CHECK_EVERY) -> None:
+        self.rule = rule
+        self._encode_plain = encode_plain
+        """Ids without special tokens, one list per text."""
+        self._encode_full = encode_full
+        """Ids with special tokens: the reference."""
+        self.prefix, self.suffix = prefix, suffix
+        """Special tokens the tokenizer adds before and after a text's own ids."""
+        self.segment_chars, self.budget_tokens, self.check_every = segment_chars, budget_tokens, check_every
+        self.enabled = True
+        self.disabled_reason = ""
+        self.stats = MemoStats()
+        self.tokens = 0
+        """Ids the nodes hold."""
+        self._root = MemoNode(None, "", array.array("I"), len(prefix))
+        self._lru: OrderedDict[int, MemoNode] = OrderedDict()
+        self._ghosts: OrderedDict[int, None] = OrderedDict()
+        """Hashes of (prefix, segment) seen once (``_seen_cuts``)."""
+        self._lock = threading.Lock()
+        self._since_check = 0
+
+    def _next_cut(self, text: str, c: int) -> int | None:
+        """The first allowed cut at ``c`` or after, within ``segment_chars`` (None: none there)."""
+        rule, n = self.rule, len(text)
+        stop = min(n, c + self.segment_chars)
+        while c < stop:
+            if rule.family == "regex-pieces":  # only just after a newline
+                c = text.find("\n", c - 1, stop - 1) + 1
+                if c == 0:
+                    return None
+            elif rule.space_before_cut:  # only just before a space
+                c = text.find(" ", c, stop)
+                if c == -1:
+                    return None
+            if rule.allows(text, c):
+                return c
+            c += 1
+        return None
+
+    def encode_batch(self, texts: list[str]) -> tuple[list[list[int]], list[MemoPath]]:
+        """The ids of each text (special tokens added) and the memo path each one's ids came through."""
+        if not self.enabled:
+            return self._encode_full(texts), [() for _ in texts]
+        plans = [self._plan(t) for t in texts]
+        pieces = [seg for plan in plans for seg in plan.to_encode]
+        encoded = self._encode_plain(pieces) if pieces else []
+        out: list[list[int]] = []
+        paths: list[MemoPath] = []
+        at = 0
+        with self._lock:
+            for plan in plans:
+                k = len(plan.to_encode)
+                ids, path = self._assemble(plan, encoded[at:at + k])
+                at += k
+                out.append(ids)
+                paths.append(path)
+            self._evict()
+        self._check(texts, out, paths)
+        return out, paths
+
+    # -- internals -------------------------------------------------------------------------------------
+    def _plan(self, text: str) -> _Plan:
+        """The longest memoised prefix of ``text`` ending at one of its checkpoints, and what remains to encode.
+
+        A child matches when its segment starts the rest of the text and the text may be cut where the segment
+        ends: that end is then the text's own next checkpoint (whether a cut before it is allowed depends on
+        the text only up to it, or on an added token that would also cover it), so matching needs no
+        checkpoints computed."""
+        allows, n = self.rule.allows, len(text)
+        path: list[MemoNode] = []
+        start = 0
+        with self._lock:
+            node = self._root
+            while node.children:
+                bucket = node.children.get(text[start:self._head_end(start)])
+                child = bucket and next((c for key, c in bucket.items() if start + len(key) < n
+                                         and text.startswith(key, start) and allows(text, start + len(key))), None)
+                if not child:
+                    break
+                node, start = child, child.chars
+                path.append(child)
+        cuts = self._seen_cuts(node, text, start, max(GROW_SEGMENTS, len(path)))
+        bounds = [start, *cuts, n]
+        return _Plan(node, path, [text[a:b] for a, b in zip(bounds, bounds[1:])])
+
+    def _seen_cuts(self, node: MemoNode, text: str, start: int, remember: int) -> list[int]:
+        """The checkpoints after ``node`` to memoise now: those ending segments already seen once after the same
+        prefix (a hash of prefix and segment, in a bounded LRU), up to the first segment not seen; that one and
+        up to ``remember`` - 1 more are remembered as seen. A segment thus becomes a node the second time it
+        follows the same prefix, so text seen once (a unique prompt, a request's own tail) never costs nodes, cuts
+        in its encode or their page hashes; a prefix matched ``d`` segments deep remembers ``d`` more, so a popular
+        prefix is memoised twice as far each time it is seen again."""
+        cuts: list[int] = []
+        step, n = self.segment_chars, len(text)
+        key, prev, target, leading = id(node), start, (start // step + 1) * step, True
+        with self._lock:
+            while target < n and remember > 0:
+                c = self._next_cut(text, target)
+                if c is None:
+                    break
+                key = hash((key, text[prev:c]))  # chained: names the whole prefix up to c
+                if leading and key in self._ghosts:
+                    self._ghosts.move_to_end(key)
+                    cuts.append(c)
+                else:
+                    self._ghosts[key] = None
+                    leading = False
+                    remember -= 1
+                prev, target = c, (c // step + 1) * step
+            while len(self._ghosts) > GHOSTS:
+                self._ghosts.popitem(last=False)
+        return cuts
+
+    def _head_end(self, start: int) -> int:
+        """The next checkpoint's earliest place after a checkpoint at ``start``."""
+        return (start // self.segment_chars + 1) * self.segment_chars
+
+    def _assemble(self, plan: _Plan, encoded: list[list[int]]) -> tuple[list[int], MemoPath]:
+        """Under the lock: the text's ids; new checkpoint segments become nodes; the path is touched."""
+        self.stats.texts += 1
+        self.stats.encoded_chars += sum(map(len, plan.to_encode))
+        if not plan.path and len(plan.to_encode) == 1:  # nothing memoised, nothing to memoise: one whole piece
+            own = encoded[0]
+            return (self.prefix + own + self.suffix if self.prefix or self.suffix else own), ()
+        path = list(plan.path)
+        ids = array.array("I", self.prefix)
+        for n in path:
+            ids.extend(n.ids)
+        memo_ids = len(ids) - len(self.prefix)
+        node = plan.node
+        for seg, seg_ids in zip(plan.to_encode[:-1], encoded):  # every piece but the tail ends at a checkpoint
+            bucket = node.children.setdefault(seg[:self._head_end(node.chars) - node.chars], {})
+            child = bucket.get(seg)
+            if child is None:
+                child = MemoNode(node, seg, array.array("I", seg_ids), node.end + len(seg_ids), node.chars + len(seg))
+                bucket[seg] = child
+                self.tokens += len(seg_ids)
+            node = child
+            path.append(node)
+            ids.extend(child.ids)
+        ids.extend(encoded[-1])
+        ids.extend(self.suffix)
+        for n in reversed(path):  # deepest first: ancestors end up more recent than descendants
+            self._lru[id(n)] = n
+            self._lru.move_to_end(id(n))
+        self.stats.memo_ids += memo_ids
+        return ids.tolist(), tuple(path)
+
+    def _evict(self) -> None:
+        while self.tokens > self.budget_tokens and self._lru:
+            _, node = self._lru.popitem(last=False)
+            parent = node.parent
+            head = node.key[:self._head_end(parent.chars) - parent.chars] if parent is not None else ""
+            bucket = parent.children.get(head) if parent is not None else None
+            if bucket is not None and bucket.get(node.key) is node:
+                del bucket[node.key]
+                if not bucket:
+                    del parent.children[head]
+            self.tokens -= len(node.ids)
+
+    def _check(self, texts: list[str], out: list[list[int]], paths: list[MemoPath]) -> None:
+        """Every ``check_every``-th text: encoded whole too; any difference turns the memo off."""
+        for i, text in enumerate(texts):
+            ids = out[i]
+            self._since_check += 1
+            if self._since_check < self.check_every:
+                continue
+            self._since_check = 0
+            self.stats.checks += 1
+            full = self._encode_full([text])[0]
+            if full != ids:
+                self.stats.mismatches += 1
+                self.disable(f"memoised ids differ from a whole encode for a text of {len(text)} characters "
+                             f"(first difference at id {_first_difference(full, ids)})")
+                out[i], paths[i] = full, ()
+
+    def disable(self, reason: str) -> None:
+        if self.enabled:
+            log.error("prefix memo off: %s; every text is encoded whole from now on", reason)
+        self.enabled, self.disabled_reason = False, reason
+        with self._lock:
+            self._root.children.clear()
+            self._lru.clear()
+            self.tokens = 0
+
+
+@dataclass
+class _Plan:
+    node: MemoNode
+    """The deepest memo node the text matched (the root: none)."""
+    path: list[MemoNode]
+    """The nodes matched, root's child first."""
+    to_encode: list[str]
+    """The text after the match, cut at its remaining checkpoints; the last piece is the tail."""
+
+
+def _first_difference(a: list[int], b: list[int]) -> int:
+    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+
+
+def page_hashes(path: MemoPath, ids: Sequence[int], page_size: int, seed: bytes | None) -> list[BlockHash]:
+    """``block_hashes(ids, page_size, seed)``, reusing the hashes ``path``'s nodes hold (``ids`` came with
+    ``path`` from ``PrefixMemo.encode_batch``) and leaving there the ones it computes."""
+    key = (page_size, seed)
+    done, digest = 0, seed
+    hashes: list[BlockHash] = []
+    for node in path:
+        state = node.hashes.get(key)
+        end = node.end // page_size
+        if state is None:
+            state = block_hash_chain(ids[done * page_size:end * page_size], page_size, digest)
+            if len(node.hashes) < HASH_KEYS_PER_NODE:
+                node.hashes[key] = state
+        hashes += state[0]
+        digest, done = state[1], end
+    rest, _ = block_hash_chain(ids[done * page_size:], page_size, digest)
+    hashes += rest
+    return hashes

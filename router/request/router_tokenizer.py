@@ -1,0 +1,354 @@
+"""The token ids an SGLang 0.5.23 worker computes for a prompt: the worker's own tokenizer, loaded as SGLang loads it.
+
+Loading (``load_like_sglang``) repeats SGLang's ``get_tokenizer``
+(``sglang/srt/utils/hf_transformers/tokenizer.py``) for a local directory holding the files the worker serves
+(``wire.TokenizerFiles``), without importing sglang: ``AutoTokenizer.from_pretrained`` with SGLang's arguments,
+its retry when that gives the generic ``TokenizersBackend`` (``_resolve_tokenizers_backend``), then its post-load
+fixes; each step names the function it mirrors. Not mirrored (the worker is then still served, but the ids may
+differ, which the pool's check against the worker catches): GGUF and tiktoken files, mistral-common tokenizers,
+remote code (the worker's ``--trust-remote-code``), ``--tokenizer-backend fastokens``, multimodal processors.
+
+Encoding is what the tokenizer manager does with ``/generate`` text (``tokenizer_manager.py: _tokenize_texts``):
+``tokenizer(texts)["input_ids"]`` for a fast tokenizer, ``tokenizer.encode(text)`` for each text otherwise;
+special tokens added. Chat prompts render with ``apply_chat_template(tokenize=False, return_dict=False)`` as
+``serving_chat.py: _render_and_encode_chat_template`` calls it, with the template SGLang's template manager
+selects (the first of several named ones: ``template_manager.py: _select_named_template``).
+
+transformers imports an installed torch when it is imported (``keep_torch_out`` stops that in the router's
+process) and is imported here only when the first tokenizer is built.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sys
+import tempfile
+from collections.abc import Mapping
+from functools import cached_property
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import jinja2
+
+from sgl_moe.router.request.prefix_memo import MemoPath, PrefixMemo
+from sgl_moe.router.request.token_cuts import CutRule
+from sgl_moe.wire import TOKENIZER_FILE_NAMES, is_tokenizer_file_name
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
+log = logging.getLogger("sgl_moe.router.tokenizer")
+
+SPECIAL_TOKEN_ATTRIBUTES = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token",
+                            "mask_token")
+"""transformers' named special tokens."""
+
+LOAD_KWARGS: dict[str, Any] = dict(trust_remote_code=False, tokenizer_revision=None, clean_up_tokenization_spaces=False,
+                                   use_fast=True, revision=None)
+"""``get_tokenizer``'s ``common_kwargs`` for a worker started with SGLang's defaults (``--tokenizer-mode auto``,
+no ``--trust-remote-code``, no ``--revision``)."""
+
+V4_CLASSES_WITH_BOS_EOS_FLAGS = frozenset({"LlamaTokenizer", "LlamaTokenizerFast", "CodeLlamaTokenizer",
+                                           "CodeLlamaTokenizerFast", "GemmaTokenizer", "GemmaTokenizerFast",
+                                           "CohereTokenizerFast"})
+"""Classes whose ``add_bos_token`` / ``add_eos_token`` SGLang restores after loading (``_fix_v5_add_bos_eos_token``)."""
+
+VOCABULARY_FILES = tuple(name for name in TOKENIZER_FILE_NAMES if name not in (
+    "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json", "config.json", "chat_template.jinja",
+    "chat_template.json"))
+"""At least one must be there: without, transformers builds the model type's class with an empty vocabulary."""
+
+STOCK_ENCODE_METHODS = ("__call__", "encode", "_encode_plus", "_convert_encoding")
+"""A fast tokenizer that overrides none of these encodes exactly as its Rust backend's ``encode_batch``."""
+
+SPECIALS_PROBES = ("a", "Hello world", "x\ny z", "<0>")
+"""Texts whose ids with and without special tokens show what the post-processor adds around a text."""
+
+
+class NoChatTemplate(Exception):
+    """The tokenizer has no chat template."""
+
+
+class ChatTemplateError(Exception):
+    """The chat template failed to render these messages (``raise_exception`` or a Jinja error)."""
+
+
+def keep_torch_out() -> None:
+    """Make this process's transformers load without torch; for the router's own process, before any import of it.
+
+    transformers imports an installed torch with ``AutoTokenizer`` (``configuration_utils`` -> ``generation`` ->
+    ``logits_process``): measured here 4.4 s and 700 MB, against 1.5 s and 80 MB without; tokenizers need none
+    of it. A ``None`` entry in ``sys.modules`` makes ``importlib.util.find_spec("torch")`` answer None, which
+    transformers reads as "torch is not installed" (``is_torch_available``), and makes ``import torch`` fail.
+    """
+    if "transformers" in sys.modules:
+        log.warning("transformers is already imported; too late to keep torch out of this process")
+        return
+    sys.modules.setdefault("torch", None)
+    os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")  # its "PyTorch was not found" advice
+
+
+def load_like_sglang(directory: str | Path) -> PreTrainedTokenizerBase:
+    """The tokenizer SGLang's ``get_tokenizer(directory)`` returns, for a worker with SGLang's default flags."""
+    import transformers
+    from transformers import AutoTokenizer
+
+    name = str(directory)
+    tokenizer = AutoTokenizer.from_pretrained(name, **LOAD_KWARGS)
+    if type(tokenizer).__name__ == "TokenizersBackend":  # _resolve_tokenizers_backend
+        slow = {**LOAD_KWARGS, "use_fast": False}
+        tokenizer = AutoTokenizer.from_pretrained(name, **slow)
+        if type(tokenizer).__name__ == "TokenizersBackend":  # _load_tokenizer_by_declared_class
+            declared = _tokenizer_config(directory).get("tokenizer_class")
+            cls = getattr(transformers, declared, None) if declared and declared not in (
+                "PreTrainedTokenizer", "PreTrainedTokenizerBase") else None
+            if cls is not None:
+                try:
+                    tokenizer = cls.from_pretrained(name, **slow)
+                except (OSError, ValueError, TypeError, ImportError) as exc:
+                    log.warning("loading %s as %s failed (%s); keeping AutoTokenizer's result", name, declared, exc)
+    _restore_backend_components(tokenizer, Path(directory))
+    _restore_bos_eos_flags(tokenizer, _tokenizer_config(directory))
+    if getattr(tokenizer, "special_tokens_pattern", None) == "cls_sep" and (  # _fix_special_tokens_pattern
+            tokenizer.cls_token_id is None or tokenizer.sep_token_id is None):
+        tokenizer.special_tokens_pattern = "none"
+    if isinstance(tokenizer.chat_template, dict) and tokenizer.chat_template:  # template_manager: first named one
+        tokenizer.chat_template = next(iter(tokenizer.chat_template.values()))
+    return tokenizer
+
+
+def _tokenizer_config(directory: str | Path) -> dict[str, Any]:
+    try:
+        config = json.loads((Path(directory) / "tokenizer_config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return config if isinstance(config, dict) else {}
+
+
+def _restore_backend_components(tokenizer: Any, directory: Path) -> None:
+    """SGLang's ``_fix_v5_tokenizer_components``: a class whose ``__init__`` rebuilt the pre-tokenizer (Llama's
+    Metaspace over a ByteLevel ``tokenizer.json``) gets the file's pre-tokenizer and decoder back."""
+    backend = getattr(tokenizer, "_tokenizer", None)
+    path = directory / "tokenizer.json"
+    if backend is None or not path.is_file():
+        return
+    from tokenizers import Tokenizer
+
+    try:
+        raw = Tokenizer.from_file(str(path))
+    except Exception as exc:  # the tokenizers library raises plain Exception on a bad file
+        log.warning("cannot read %s to compare pre-tokenizers: %s", path, exc)
+        return
+    raw_pre = type(raw.pre_tokenizer).__name__ if raw.pre_tokenizer else None
+    loaded_pre = type(backend.pre_tokenizer).__name__ if backend.pre_tokenizer else None
+    if raw_pre and loaded_pre and raw_pre != loaded_pre:
+        backend.pre_tokenizer, backend.decoder = raw.pre_tokenizer, raw.decoder
+
+
+def _restore_bos_eos_flags(tokenizer: Any, config: dict[str, Any]) -> None:
+    """SGLang's ``_fix_v5_add_bos_eos_token``: transformers 5 drops ``add_bos_token`` / ``add_eos_token`` when a
+    ``tokenizer.json`` exists; SGLang restores them (v4 defaults: BOS on, EOS off; EOS never for a fast tokenizer)
+    for the classes that had the flags in v4, and rebuilds the post-processor."""
+    if config.get("tokenizer_class", "") not in V4_CLASSES_WITH_BOS_EOS_FLAGS:
+        return
+    from transformers import PreTrainedTokenizerFast
+
+    changed = False
+    for attr, default in (("add_bos_token", True), ("add_eos_token", False)):
+        value = config.get(attr)
+        if value is None or (attr == "add_eos_token" and isinstance(tokenizer, PreTrainedTokenizerFast)):
+            value = default
+        if getattr(tokenizer, attr, None) != value:
+            setattr(tokenizer, f"_{attr}", value)  # the property reads the private attribute
+            changed = True
+    if changed and hasattr(tokenizer, "update_post_processor"):
+        tokenizer.update_post_processor()
+
+
+def _generic(directory: Path) -> PreTrainedTokenizerBase:
+    """transformers' generic class over ``tokenizer.json``: the fallback when SGLang's way does not load here."""
+    from transformers import PreTrainedTokenizerFast
+
+    return PreTrainedTokenizerFast.from_pretrained(str(directory), **LOAD_KWARGS)
+
+
+class RouterTokenizer:
+    """Encodes prompts to the ids an SGLang worker prefills; renders the model's chat template as the worker does."""
+
+    def __init__(self, hf: PreTrainedTokenizerBase, exact: bool = True, inexact_reason: str = "") -> None:
+        self.hf = hf
+        """The transformers tokenizer, as SGLang's ``get_tokenizer`` returns it."""
+        self.exact = exact
+        """True while ``encode`` is trusted to equal the worker's ids; requests then carry prefix affinity.
+        Hook for the pool: it calls ``mark_inexact`` when the worker's own ids disagree."""
+        self.inexact_reason = inexact_reason
+        self.special_tokens: dict[str, str] = {
+            attr: value for attr in SPECIAL_TOKEN_ATTRIBUTES if isinstance(value := getattr(hf, attr, None), str)}
+        """Named special tokens (``bos_token``, ...) as strings."""
+        self.backend = getattr(hf, "backend_tokenizer", None) if getattr(hf, "is_fast", False) else None
+        """The Rust ``tokenizers.Tokenizer`` of a fast tokenizer (None for a slow one)."""
+        self._stock = self.backend is not None and _stock_encoding(hf)
+        if self._stock:  # what every stock __call__ sets before encoding (set_truncation_and_padding)
+            self.backend.no_truncation()
+            self.backend.no_padding()
+            self.backend.encode_special_tokens = bool(getattr(hf, "split_special_tokens", False))
+        self.memo: PrefixMemo | None = None
+        """Ids of prefixes seen before (``prefix_memo``), special tokens added; None when this tokenizer's texts
+        are encoded whole."""
+        self.plain_memo: PrefixMemo | None = None
+        """The same for ``encode_plain`` (rendered chat prompts, decisions, classify's tasks)."""
+        self.memo_off_reason = "a tokenizer that is not a stock fast tokenizer" if not self._stock else ""
+        if self._stock:
+            self.memo, self.plain_memo, self.memo_off_reason = self._prefix_memos()
+        log.info("prefix memo %s", f"on ({self.memo.rule.family} cuts)" if self.memo else
+                 f"off: {self.memo_off_reason}; every text is encoded whole")
+
+    def drop_memo(self, reason: str) -> None:
+        """Encode every text whole from now on."""
+        self.memo = self.plain_memo = None
+        self.memo_off_reason = reason
+        log.info("prefix memo off: %s", reason)
+
+    def _prefix_memos(self) -> tuple[PrefixMemo | None, PrefixMemo | None, str]:
+        rule, why = CutRule.of(self.backend)
+        if rule is None:
+            return None, None, why
+        specials = _added_around(self._encode_plain_batch, self._encode_full_batch)
+        if specials is None:
+            return None, None, "the special tokens added around a text depend on the text"
+        return (PrefixMemo(rule, self._encode_plain_batch, self._encode_full_batch, *specials),
+                PrefixMemo(rule, self._encode_plain_batch, self._encode_plain_batch, [], []), "")
+
+    def _encode_plain_batch(self, texts: list[str]) -> list[list[int]]:
+        return [e.ids for e in self.backend.encode_batch_fast(texts, add_special_tokens=False)]
+
+    def _encode_full_batch(self, texts: list[str]) -> list[list[int]]:
+        return [e.ids for e in self.backend.encode_batch_fast(texts, add_special_tokens=True)]
+
+    @classmethod
+    def from_dir(cls, directory: str | Path) -> RouterTokenizer:
+        """Load as SGLang does; if that fails (remote code, a class this transformers lacks), transformers'
+        generic class over ``tokenizer.json``, not exact."""
+        if not any((Path(directory) / name).is_file() for name in VOCABULARY_FILES):
+            raise ValueError(f"no vocabulary file (any of {', '.join(VOCABULARY_FILES)})")
+        try:
+            return cls(load_like_sglang(directory))
+        except Exception as exc:  # whatever transformers or a tokenizer class raises on files it cannot load
+            reason = f"SGLang's loader failed here ({type(exc).__name__}: {exc}); generic tokenizer.json loader"
+            hf = _generic(Path(directory))
+        log.warning("%s: %s", directory, reason)
+        return cls(hf, exact=False, inexact_reason=reason)
+
+    @classmethod
+    def from_file_bytes(cls, files: Mapping[str, bytes]) -> RouterTokenizer:
+        """Load from the files a worker serves (name -> bytes), written to a private temporary directory."""
+        with tempfile.TemporaryDirectory(prefix="sgl_moe-tokenizer-") as tmp:
+            for name, data in files.items():
+                if not is_tokenizer_file_name(name):
+                    raise ValueError(f"{name!r} is not a tokenizer file name the router accepts")
+                path = Path(tmp) / name
+                path.parent.mkdir(parents=True, exist_ok=True)
+                path.write_bytes(data)
+            return cls.from_dir(tmp)
+
+    @classmethod
+    def from_files(cls, tokenizer_json: bytes, tokenizer_config: dict | None = None) -> RouterTokenizer:
+        """Load from ``tokenizer.json`` and the parsed ``tokenizer_config.json`` alone."""
+        files = {"tokenizer.json": tokenizer_json}
+        if tokenizer_config is not None:
+            files["tokenizer_config.json"] = json.dumps(tokenizer_config).encode()
+        return cls.from_file_bytes(files)
+
+    def mark_inexact(self, reason: str) -> None:
+        """Stop trusting ``encode`` (requests lose prefix affinity; ``/v1/classify`` sends text to ``/v1/score``)."""
+        self.exact, self.inexact_reason = False, reason
+        log.warning("router tokenizer no longer exact: %s", reason)
+
+    def encode_batch(self, texts: list[str]) -> list[list[int]]:
+        """The ids SGLang prefills for each text sent to ``/generate`` (special tokens added)."""
+        return self.encode_with_paths(texts)[0]
+
+    def encode_with_paths(self, texts: list[str]) -> tuple[list[list[int]], list[MemoPath]]:
+        """``encode_batch``, and for each text the memo path its ids came through (for ``memo.page_hashes``;
+        empty without the memo)."""
+        if not texts:
+            return [], []
+        if self.memo is not None and self.memo.enabled:
+            return self.memo.encode_batch(texts)
+        if self._stock:  # the Rust call tokenizer(texts) makes, without a BatchEncoding or character offsets
+            ids = self._encode_full_batch(texts)
+        elif self.backend is not None:
+            ids = self.hf(texts)["input_ids"]
+        else:
+            ids = [self.hf.encode(t) for t in texts]
+        return ids, [() for _ in texts]
+
+    def encode(self, text: str) -> list[int]:
+        return self.encode_batch([text])[0]
+
+    def encode_plain(self, text: str) -> list[int]:
+        """The ids of ``text`` with no special tokens added (rendered chat prompts, score items)."""
+        if self.plain_memo is not None and self.plain_memo.enabled:
+            return self.plain_memo.encode_batch([text])[0][0]
+        if self._stock:
+            return self.backend.encode_batch_fast([text], add_special_tokens=False)[0].ids
+        return self.hf.encode(text, add_special_tokens=False)
+
+    def decode(self, ids: list[int]) -> str:
+        """The text of ``ids`` (classify's label prefixes, written back as text when the router is not exact)."""
+        return self.hf.decode(ids)
+
+    @cached_property
+    def max_token_chars(self) -> int:
+        """Characters of the vocabulary's longest token (byte-level tokens spell one character per byte, so this
+        bounds the characters one token can cover); 0 when the vocabulary cannot be listed."""
+        try:
+            return max((len(t) for t in self.hf.get_vocab()), default=0)
+        except Exception:  # a tokenizer class without get_vocab: no bound
+            return 0
+
+    @property
+    def chat_template(self) -> str | None:
+        template = getattr(self.hf, "chat_template", None)
+        return template if isinstance(template, str) else None
+
+    @property
+    def has_chat_template(self) -> bool:
+        return self.chat_template is not None
+
+    def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True, **kw: Any) -> str:
+        """The chat prompt as text, as SGLang renders it (``kw``: ``tools`` and ``chat_template_kwargs`` entries).
+
+        Raises NoChatTemplate or ChatTemplateError."""
+        if self.chat_template is None:
+            raise NoChatTemplate("this model's tokenizer has no chat template")
+        tools = kw.pop("tools", None)
+        try:
+            return self.hf.apply_chat_template(messages, tokenize=False, add_generation_prompt=add_generation_prompt,
+                                               tools=tools, return_dict=False, **kw)
+        except (jinja2.TemplateError, TypeError, ValueError) as e:
+            raise ChatTemplateError(str(e)) from e
+
+
+def _added_around(plain: Any, full: Any) -> tuple[list[int], list[int]] | None:
+    """The ids a tokenizer adds before and after every text's own (``SPECIALS_PROBES``); None if they vary."""
+    found = set()
+    for own, whole in zip(plain(list(SPECIALS_PROBES)), full(list(SPECIALS_PROBES))):
+        at = next((i for i in range(len(whole) - len(own) + 1) if whole[i:i + len(own)] == own), None)
+        if not own or at is None:
+            return None
+        found.add((tuple(whole[:at]), tuple(whole[at + len(own):])))
+    if len(found) != 1:
+        return None
+    before, after = found.pop()
+    return list(before), list(after)
+
+
+def _stock_encoding(hf: Any) -> bool:
+    from transformers import TokenizersBackend
+
+    cls = type(hf)
+    return isinstance(hf, TokenizersBackend) and all(
+        getattr(cls, m, None) is getattr(TokenizersBackend, m, None) for m in STOCK_ENCODE_METHODS)
