@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Callable
 from typing import Protocol
 
 import aiohttp
@@ -24,6 +25,17 @@ from sgl_moe.router.placement.job import Placement
 log = logging.getLogger("sgl_moe.router")
 
 
+def note_cached(placement: Placement, reported: int) -> None:
+    """Count the predicted prefix hit next to what the worker reported, on the placement's worker."""
+    c = placement.worker.counters
+    c.predicted_cached_tokens += placement.predicted_cached_tokens
+    c.reported_cached_tokens += reported
+    if reported != placement.predicted_cached_tokens and log.isEnabledFor(logging.DEBUG):
+        log.debug("request %s on %s: predicted %d cached tokens, the worker reported %d (%s)",
+                  placement.job.rid, placement.worker.id, placement.predicted_cached_tokens, reported,
+                  placement.reason.split(";")[0])
+
+
 class Release(Protocol):
     """``Scheduler.release``: give back a placement's reservation and settle its promised blocks (``ok``: the
     request succeeded, so they are stored on its worker)."""
@@ -36,10 +48,13 @@ class Forwarder:
     ``stream`` each release the placement whatever happens; a request whose client went away is aborted on its
     worker (``aborts``), by a task of its own that releases the placement when the abort is done."""
 
-    def __init__(self, session: aiohttp.ClientSession, release: Release, abort_timeout_s: float) -> None:
+    def __init__(self, session: aiohttp.ClientSession, release: Release, abort_timeout_s: float,
+                 note_cached: Callable[[Placement, int], None] = note_cached) -> None:
         self.session = session
         """The router's one HTTP client to the workers."""
         self.release = release
+        self.note_cached = note_cached
+        """What to do with the cached tokens a worker reported for a placement (default: ``note_cached``)."""
         self.abort_timeout_s = abort_timeout_s
         """``--abort-timeout-s``: how long an abort may take before the request is counted as lost."""
         self.aborts = 0
@@ -171,10 +186,5 @@ class Forwarder:
             if isinstance(details.get("cached_tokens"), int):
                 reported = details["cached_tokens"]
         if reported is not None:
-            c = placement.worker.counters
-            c.predicted_cached_tokens += placement.predicted_cached_tokens
-            c.reported_cached_tokens += reported
-            if reported != placement.predicted_cached_tokens and log.isEnabledFor(logging.DEBUG):
-                log.debug("request %s on %s: predicted %d cached tokens, the worker reported %d (%s)",
-                          placement.job.rid, placement.worker.id, placement.predicted_cached_tokens, reported,
-                          placement.reason.split(";")[0])
+            self.note_cached(placement, reported)
+

@@ -14,6 +14,7 @@ import logging
 import time
 import uuid
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
@@ -29,13 +30,13 @@ from sgl_moe.router.front.classify_route import classify
 from sgl_moe.router.front.forwarding import Forwarder
 from sgl_moe.router.front.intake import read_body
 from sgl_moe.router.front.metrics import RouterMetrics
-from sgl_moe.router.membership.worker import NotAWorker, WorkerError
+from sgl_moe.router.membership.worker import NotAWorker, Worker, WorkerError
 from sgl_moe.router.membership.worker_pool import WorkerPool
 from sgl_moe.router.placement.block_index import BlockIndex
 from sgl_moe.router.placement.job import Job, Placement
 from sgl_moe.router.placement.pending import PendingLedger
 from sgl_moe.router.placement.quarantine import QuarantineLane
-from sgl_moe.router.placement.scheduler import NoWorkers, QueueFull, QueueTimeout, Scheduler
+from sgl_moe.router.placement.scheduler import NoWorkers, QueueFull, QueueTimeout, Scheduler, refusal
 from sgl_moe.router.placement.suspects import Suspect, SuspectList
 from sgl_moe.router.request.block_hash import block_hashes, salt_seed
 from sgl_moe.router.request.parsed_request import ParsedRequest
@@ -199,7 +200,8 @@ class Router:
                               f"it for {self.cfg.suspect_ttl_s:.0f} s (--suspect-ttl-s)", kind="request_failed")
 
     async def run(self, rid: str, parsed: ParsedRequest, call: Callable[[Placement], Awaitable[web.StreamResponse]],
-                  attempt: Attempt | None = None) -> web.StreamResponse:
+                  attempt: Attempt | None = None, failed: tuple[str, WorkerFailure] | None = None
+                  ) -> web.StreamResponse:
         """Place the request, run ``call(placement)``, and retry a failed prefill-only request once elsewhere.
 
         Every router-side refusal (queue full, queue timeout, no workers, worker failure) becomes a JSON error
@@ -208,77 +210,96 @@ class Router:
         was sent; never after a timeout. A request whose worker died while running it (and one the router
         already holds for a suspect, ``suspects``) is retried through the quarantine lane: alone on a healthy
         worker, one suspect at a time. Its worker answering there clears it; that worker dying too convicts it
-        (400, and the same request is refused for ``--suspect-ttl-s``).
+        (400, and the same request is refused for ``--suspect-ttl-s``). ``failed``: (worker id, failure) of a
+        first try a front process made (``--front-processes``); the run goes on from there.
         """
         job = self._job(rid, parsed)
         key = attempt.fingerprint if attempt is not None else None
         suspect = self.suspects.find(key) if key is not None else None
         if suspect is not None and suspect.poison:
             return self._poison_response(suspect)
-        alone = suspect is not None  # a resent suspect runs alone, as its first try did
+        run = _Run(alone=suspect is not None)  # a resent suspect runs alone, as its first try did
         retryable = parsed.prefill_only and not parsed.stream
-        tries = 0
+        if failed is not None:
+            worker_id, exc = failed
+            worker = self.pool.workers.get(worker_id)
+            if worker is None:  # removed meanwhile: nothing to learn from it
+                job.exclude = frozenset({worker_id})
+                run.tries = 1
+            else:
+                answer = await self._after_failure(job, worker, exc, key, run, retryable)
+                if answer is not None:
+                    return answer
         while True:
             try:
-                placement = await (self.lane.enter(job) if alone else self.scheduler.acquire(job))
-            except QueueFull as exc:
-                return error_response(429, f"router busy: {exc}; retry later", kind="rate_limit_exceeded",
-                                      headers={"Retry-After": str(exc.retry_after_s)})
-            except (QueueTimeout, NoWorkers) as exc:
-                return error_response(503, str(exc), kind="unavailable", headers={"Retry-After": "5"})
-            if alone and key is not None:
+                placement = await (self.lane.enter(job) if run.alone else self.scheduler.acquire(job))
+            except (QueueFull, QueueTimeout, NoWorkers) as exc:
+                return error_response(**refusal(exc))
+            if run.alone and key is not None:
                 now = self.suspects.find(key)  # another copy's run alone may have told while this one waited
                 if now is None or now.poison:
                     self.scheduler.release(placement, ok=False)
                     self.lane.leave()
                     if now is not None:
                         return self._poison_response(now)
-                    alone = False
+                    run.alone = False
                     continue
-            self.metrics.decision_seconds.observe(placement.decision_s)
-            if placement.job.future is not None:
-                self.metrics.queue_wait_seconds.observe(placement.queued_s)
-            in_lane = alone
+            self.observe(placement)
+            in_lane = run.alone
             try:
                 resp = await call(placement)
-                if alone and key is not None:
+                if run.alone and key is not None:
                     self.suspects.clear(key)
                     log.warning("request %s ran alone on worker %s, which lived: innocent", rid, placement.worker.id)
                 return resp
             except WorkerFailure as exc:
-                worker = placement.worker
-                worker.counters.failures += 1
-                self.metrics.worker_failures.labels(worker.id).inc()
-                if not exc.connect and await self.pool.died(worker):
-                    self.pool.mark_unhealthy(worker, f"its process died while running requests ({exc})")
-                    if alone:
-                        poison = self.suspects.convict(key, rid, worker.id) if key is not None else Suspect(
-                            rid, worker.id, time.monotonic(), poison=True)
-                        log.error("worker %s died running request %s alone (quarantine lane): it is poison, refused "
-                                  "for %.0f s", worker.id, rid, self.cfg.suspect_ttl_s)
-                        return self._poison_response(poison)
-                    if key is not None:
-                        self.suspects.add(key, Suspect(rid, worker.id, time.monotonic()))
-                    log.error("worker %s died while running request %s (%s); retrying it alone on another worker "
-                              "(quarantine lane): it may be what killed the worker", worker.id, rid, exc)
-                    job.exclude = job.exclude | {worker.id}
-                    job.future = None
-                    alone = True
-                    continue
-                if exc.transport:
-                    self.pool.mark_unhealthy(worker, str(exc))
-                if retryable and not exc.timeout and tries == 0 and len(self.pool.workers) > 1:
-                    tries += 1
-                    self.metrics.retries.inc()
-                    log.warning("request %s failed on %s (%s); retrying once on another worker", rid, worker.id, exc)
-                    job.exclude = job.exclude | {worker.id}
-                    job.future = None
-                    continue
-                log.warning("request %s failed on %s: %s", rid, worker.id, exc)
-                return error_response(502, f"worker {worker.id} failed: {exc}", kind="worker_failure")
+                answer = await self._after_failure(job, placement.worker, exc, key, run, retryable)
+                if answer is not None:
+                    return answer
             finally:
                 if in_lane:
                     self.lane.leave()
+
+    async def _after_failure(self, job: Job, worker: Worker, exc: WorkerFailure, key: bytes | None, run: _Run,
+                             retryable: bool) -> web.Response | None:
+        """``run``'s rule for a failed try on ``worker``: the answer, or None to try again (``job`` and ``run``
+        updated)."""
+        rid = job.rid
+        worker.counters.failures += 1
+        self.metrics.worker_failures.labels(worker.id).inc()
+        if not exc.connect and await self.pool.died(worker):
+            self.pool.mark_unhealthy(worker, f"its process died while running requests ({exc})")
+            if run.alone:
+                poison = self.suspects.convict(key, rid, worker.id) if key is not None else Suspect(
+                    rid, worker.id, time.monotonic(), poison=True)
+                log.error("worker %s died running request %s alone (quarantine lane): it is poison, refused "
+                          "for %.0f s", worker.id, rid, self.cfg.suspect_ttl_s)
+                return self._poison_response(poison)
+            if key is not None:
+                self.suspects.add(key, Suspect(rid, worker.id, time.monotonic()))
+            log.error("worker %s died while running request %s (%s); retrying it alone on another worker "
+                      "(quarantine lane): it may be what killed the worker", worker.id, rid, exc)
+            job.exclude = job.exclude | {worker.id}
+            job.future = None
+            run.alone = True
+            return None
+        if exc.transport:
+            self.pool.mark_unhealthy(worker, str(exc))
+        if retryable and not exc.timeout and run.tries == 0 and len(self.pool.workers) > 1:
+            run.tries += 1
+            self.metrics.retries.inc()
+            log.warning("request %s failed on %s (%s); retrying once on another worker", rid, worker.id, exc)
+            job.exclude = job.exclude | {worker.id}
+            job.future = None
+            return None
+        log.warning("request %s failed on %s: %s", rid, worker.id, exc)
+        return error_response(502, f"worker {worker.id} failed: {exc}", kind="worker_failure")
+
+    def observe(self, placement: Placement) -> None:
+        """Record a placement's decision time, and its queue wait when it queued."""
+        self.metrics.decision_seconds.observe(placement.decision_s)
+        if placement.job.future is not None:
+            self.metrics.queue_wait_seconds.observe(placement.queued_s)
 
     def _job(self, rid: str, parsed: ParsedRequest) -> Job:
         t0 = time.perf_counter()
@@ -351,6 +372,16 @@ class Router:
         self.scheduler.pump()  # queued requests excluded from nothing may now find no worker: answer them
         return web.Response(body=orjson.dumps({"removed": worker.id, "url": worker.url}),
                             content_type="application/json")
+
+
+@dataclass(slots=True)
+class _Run:
+    """Where one request's tries stand (``Router.run``)."""
+
+    alone: bool
+    """The next try runs in the quarantine lane."""
+    tries: int = 0
+    """Retries used on other workers (at most one)."""
 
 
 ROUTER = web.AppKey("router", Router)

@@ -28,7 +28,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 from sgl_moe.router.config import RouterConfig
 from sgl_moe.router.membership.worker import Worker
@@ -63,6 +63,14 @@ class QueueTimeout(Exception):
 
 class NoWorkers(Exception):
     pass
+
+
+def refusal(exc: QueueFull | QueueTimeout | NoWorkers) -> dict[str, Any]:
+    """``error_response``'s arguments for a request placement refused: 429 when the queue is full, else 503."""
+    if isinstance(exc, QueueFull):
+        return {"status": 429, "message": f"router busy: {exc}; retry later", "kind": "rate_limit_exceeded",
+                "headers": {"Retry-After": str(exc.retry_after_s)}}
+    return {"status": 503, "message": str(exc), "kind": "unavailable", "headers": {"Retry-After": "5"}}
 
 
 @dataclass
