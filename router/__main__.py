@@ -9,7 +9,8 @@ import uvloop
 from aiohttp import web
 
 from sgl_moe.router.config import RouterConfig
-from sgl_moe.router.front.service import build_app, tune_gc
+from sgl_moe.router.front.front_processes import FrontSockets, FrontStartError
+from sgl_moe.router.front.service import ROUTER, build_app, tune_gc
 from sgl_moe.router.request.router_tokenizer import keep_torch_out
 
 
@@ -31,13 +32,26 @@ def main(argv: list[str] | None = None) -> int:
         # handler_cancellation: a client that disconnects cancels its handler, which aborts its request.
         # uvloop: with hundreds of client connections at once (a bulk run) ~8% less router CPU per request than
         # asyncio's loop; no difference measured with a few clients (README, router benchmark).
-        web.run_app(build_app(cfg), host=cfg.host, port=cfg.port, print=None, access_log=None,
+        if cfg.front_processes > 1:  # the fronts take the port; this process owns placement (front_processes)
+            sockets = FrontSockets.make()
+            where = {"path": sockets.http}
+        else:
+            sockets, where = None, {"host": cfg.host, "port": cfg.port}
+        app = build_app(cfg, sockets)
+        web.run_app(app, **where, print=None, access_log=None,
                     handle_signals=True, keepalive_timeout=cfg.header_timeout_s, handler_cancellation=True,
                     loop=uvloop.new_event_loop())
+    except FrontStartError as exc:
+        print(f"sgl_moe.router: error: {exc}", file=sys.stderr)
+        return 1
     except OSError as exc:
         print(f"sgl_moe.router: error: cannot listen on {cfg.host}:{cfg.port}: {exc.strerror or exc}",
               file=sys.stderr)
         return 2
+    fronts = app[ROUTER].fronts
+    if fronts is not None and fronts.failed:
+        print(f"sgl_moe.router: error: {fronts.failed}; the router stopped", file=sys.stderr)
+        return 1
     return 0
 
 

@@ -48,6 +48,11 @@ class RouterConfig:
     parse_inline_bytes: int = 64 * 1024
     """Bodies up to this size are parsed and tokenized on the event loop; larger ones in a thread (the
     tokenizers library releases the GIL), placed in arrival order all the same. 0: every body in a thread."""
+    front_processes: int = 1
+    """Processes that take clients' requests (HTTP, parsing, tokenizing, hashing, forwarding), each on its own
+    SO_REUSEPORT socket on --host/--port, in front of one process that owns placement (the tables, Θ admission and
+    the queue). 1: one process does everything. More lets a router use more cores; each costs ~100 MB and a
+    message round trip per request to the owner."""
     max_prompts: int = 1024
     """Most prompts (batch entries, score items, decision options) one request may carry."""
     max_request_tokens: int = 262_144
@@ -162,7 +167,8 @@ class RouterConfig:
     worker_urls: tuple[str, ...] = field(default=())
 
     def validate(self) -> None:
-        for name in ("queue_size", "health_failures", "max_body_bytes", "max_prompts", "max_request_tokens", "max_n",
+        for name in ("front_processes", "queue_size", "health_failures", "max_body_bytes", "max_prompts",
+                     "max_request_tokens", "max_n",
                      "max_grammar_chars", "max_grammar_depth"):
             if getattr(self, name) < 1:
                 raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")

@@ -13,6 +13,8 @@ import orjson
 from sgl_moe.router.config import RouterConfig
 from sgl_moe.router.placement.suspects import SuspectList
 
+PROXIED = ("/generate", "/v1/score", "/v1/decisions", "/v1/completions", "/v1/chat/completions")
+"""The routes whose requests the router places and forwards to a worker."""
 FORWARDED_HEADERS = ("x-data-parallel-rank",)
 """Client headers passed on to the worker (``authorization`` too, when the router itself has no keys)."""
 RID_ENDPOINTS = ("/generate", "/v1/completions", "/v1/chat/completions")

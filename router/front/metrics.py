@@ -140,6 +140,9 @@ class _StateCollector:
              "(the request is counted as lost and its load released)", router.forwarder.abort_failures),
             ("busy_health_probes", "Health probes that failed while the worker was making progress (not counted "
              "against it)", pool.health.busy_probes),
+            ("front_placements", "Requests placed for front processes (--front-processes > 1; the other counters "
+             "of this page count only what the owner itself answered)",
+             router.owner.placed if router.owner is not None else 0),
         ):
             m = counter(name, doc)
             m.add_metric([], value)

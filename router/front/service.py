@@ -8,6 +8,7 @@ sending a placed request to its worker and relaying the answer (the ``Router``'s
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import functools
 import gc
 import logging
@@ -24,28 +25,31 @@ from aiohttp import web
 from sgl_moe.router.config import SECRET_FIELDS, RouterConfig
 from sgl_moe.router.errors import RequestError, WorkerFailure, error_response, json_errors, request_error_response
 from sgl_moe.router.front.arrival_order import ArrivalOrder
-from sgl_moe.router.front.attempt import Attempt, worker_auth_headers
+from sgl_moe.router.front.attempt import PROXIED, Attempt, worker_auth_headers
 from sgl_moe.router.front.auth import auth_middleware
 from sgl_moe.router.front.classify_route import classify
 from sgl_moe.router.front.forwarding import Forwarder
+from sgl_moe.router.front.front_processes import FrontProcesses, FrontSockets, FrontStartError
+from sgl_moe.router.front.front_router import FAILED_WORKER_HEADER, FAILURE_HEADER
 from sgl_moe.router.front.intake import read_body
 from sgl_moe.router.front.metrics import RouterMetrics
 from sgl_moe.router.membership.worker import NotAWorker, Worker, WorkerError
 from sgl_moe.router.membership.worker_pool import WorkerPool
 from sgl_moe.router.placement.block_index import BlockIndex
 from sgl_moe.router.placement.job import Job, Placement
+from sgl_moe.router.placement.messages import Model, Refused
+from sgl_moe.router.placement.owner import PlacementOwner, Screen
 from sgl_moe.router.placement.pending import PendingLedger
 from sgl_moe.router.placement.quarantine import QuarantineLane
 from sgl_moe.router.placement.scheduler import NoWorkers, QueueFull, QueueTimeout, Scheduler, refusal
 from sgl_moe.router.placement.suspects import Suspect, SuspectList
-from sgl_moe.router.request.block_hash import block_hashes, salt_seed
 from sgl_moe.router.request.parsed_request import ParsedRequest
-from sgl_moe.router.request.prefix_memo import page_hashes
+from sgl_moe.router.request.prompt_keys import prompt_keys
 from sgl_moe.router.request.request_parsing import parse_request
+from sgl_moe.wire import to_builtins
 
 log = logging.getLogger("sgl_moe.router")
 
-PROXIED = ("/generate", "/v1/score", "/v1/decisions", "/v1/completions", "/v1/chat/completions")
 
 RESPONSE_HEADERS = ("content-type",)
 
@@ -54,8 +58,13 @@ class Router:
     """The app's state and handlers; ``run`` and ``forwarder.forward`` are the hooks other routes (classify)
     use."""
 
-    def __init__(self, cfg: RouterConfig) -> None:
+    def __init__(self, cfg: RouterConfig, sockets: FrontSockets | None = None) -> None:
         self.cfg = cfg
+        self.sockets = sockets
+        """With ``--front-processes`` > 1: the Unix sockets this router (the placement owner) serves its fronts on."""
+        self.owner: PlacementOwner | None = None
+        """Places the fronts' requests (``--front-processes`` > 1)."""
+        self.fronts: FrontProcesses | None = None
         self.index = BlockIndex()
         self.ledger = PendingLedger(self.index, cfg.pending_ttl_s)
         self.session: aiohttp.ClientSession | None = None
@@ -87,8 +96,29 @@ class Router:
         self._tasks.append(asyncio.create_task(self.pool.health_loop(), name="health"))
         for url in self.cfg.worker_urls:
             self._tasks.append(asyncio.create_task(self._add_initial(url), name=f"add {url}"))
+        if self.sockets is not None:
+            await self._start_fronts(self.sockets)
+
+    async def _start_fronts(self, sockets: FrontSockets) -> None:
+        """Serve placements on ``sockets.placement`` and start the front processes; wait until each connected."""
+        self.owner = PlacementOwner(self.scheduler.acquire, self.scheduler.release, _refused, self._screen,
+                                    self.observe, self.model_message)
+        await self.owner.serve(sockets.placement)
+        self.fronts = FrontProcesses(self.cfg, sockets)
+        self.fronts.start()
+        deadline = time.monotonic() + FRONT_START_S
+        while len(self.owner.fronts) < self.cfg.front_processes:
+            if time.monotonic() > deadline or self.fronts.stopping:
+                raise FrontStartError(f"only {len(self.owner.fronts)} of {self.cfg.front_processes} front processes "
+                                   f"connected within {FRONT_START_S:.0f} s (their log lines say why)")
+            await asyncio.sleep(0.05)
+        log.info("%d front processes connected; this process owns placement", len(self.owner.fronts))
 
     async def stop(self, app: web.Application) -> None:
+        if self.fronts is not None:
+            await self.fronts.stop()
+        if self.owner is not None:
+            await self.owner.close()
         for task in self._tasks:
             task.cancel()
         if self.forwarder:
@@ -108,6 +138,8 @@ class Router:
         bulk run, throughput 0.1x the same router's once the buffers were short)."""
         if self.lane is not None:
             self.lane.notify()
+        if self.owner is not None:
+            self.owner.refresh_model()
         if self.scheduler is None or self._pump_due:
             return
         self._pump_due = True
@@ -176,11 +208,48 @@ class Router:
         refusal = self.refuse_suspect(rid, attempt.fingerprint)
         if refusal is not None:
             return refusal
+        failed = self._front_failure(request) if self.owner is not None else None
         # ``run`` places (or queues) the request before its first await; the next ticket's task resumes only then.
         self.order.leave(ticket)
         if parsed.stream:
-            return await self.run(rid, parsed, lambda p: self.forwarder.stream(request, attempt, p), attempt)
-        return await self.run(rid, parsed, lambda p: self.forwarder.forward(attempt, p), attempt)
+            return await self.run(rid, parsed, lambda p: self.forwarder.stream(request, attempt, p), attempt, failed)
+        return await self.run(rid, parsed, lambda p: self.forwarder.forward(attempt, p), attempt, failed)
+
+    @staticmethod
+    def _front_failure(request: web.Request) -> tuple[str, WorkerFailure] | None:
+        """The failed first try a front process handed on with this request (``front_router``), if any; only the
+        fronts reach this router's socket when it has them."""
+        worker_id = request.headers.get(FAILED_WORKER_HEADER)
+        if worker_id is None:
+            return None
+        try:
+            f = orjson.loads(request.headers.get(FAILURE_HEADER, "{}"))
+            exc = WorkerFailure(str(f["message"]), connect=bool(f["connect"]), transport=bool(f["transport"]),
+                                timeout=bool(f["timeout"]))
+        except (orjson.JSONDecodeError, KeyError, TypeError):
+            exc = WorkerFailure("failed (the front's account of it was unreadable)")
+        return worker_id, exc
+
+    def _screen(self, fingerprint: bytes) -> Screen:
+        """For a front's request: refuse it (poison), run it here (a suspect, alone), or place it."""
+        suspect = self.suspects.find(fingerprint)
+        if suspect is None:
+            return PLACE
+        if suspect.poison:
+            self.suspects.refused += 1
+            return Screen("refuse", self._poison_message(suspect))
+        return Screen("delegate")
+
+    def model_message(self) -> Model:
+        """What the fronts need to parse requests (``messages.Model``)."""
+        pool = self.pool
+        if pool is None or pool.tokenizer is None or pool.tokenizer_source is None:
+            return Model(memo=self.cfg.prefix_memo)
+        url, info = pool.tokenizer_source
+        tok = pool.tokenizer
+        return Model(url, to_builtins(info), pool.model_name, pool.context_length, pool.page_size,
+                     dataclasses.asdict(pool.limits), pool.plain.learned_about(url, info) is not None,
+                     None if tok.exact else tok.inexact_reason, self.cfg.prefix_memo)
 
     def refuse_suspect(self, rid: str, fingerprint: bytes) -> web.Response | None:
         """The 400 for a poison request (its run alone killed a second worker: ``suspects``), else None."""
@@ -193,11 +262,14 @@ class Router:
         return self._poison_response(suspect)
 
     def _poison_response(self, suspect: Suspect) -> web.Response:
+        return error_response(400, self._poison_message(suspect), kind="request_failed")
+
+    def _poison_message(self, suspect: Suspect) -> str:
         first = f"was running on worker {suspect.first_worker_id} when that worker died, then " \
             if suspect.first_worker_id else ""
-        return error_response(400, f"refused: this request {first}ran alone on worker {suspect.worker_id}, which "
-                              f"died too (request {suspect.rid}); the router takes it for what killed them and refuses "
-                              f"it for {self.cfg.suspect_ttl_s:.0f} s (--suspect-ttl-s)", kind="request_failed")
+        return (f"refused: this request {first}ran alone on worker {suspect.worker_id}, which died too (request "
+                f"{suspect.rid}); the router takes it for what killed them and refuses it for "
+                f"{self.cfg.suspect_ttl_s:.0f} s (--suspect-ttl-s)")
 
     async def run(self, rid: str, parsed: ParsedRequest, call: Callable[[Placement], Awaitable[web.StreamResponse]],
                   attempt: Attempt | None = None, failed: tuple[str, WorkerFailure] | None = None
@@ -308,17 +380,9 @@ class Router:
         return job
 
     def _job_of(self, rid: str, parsed: ParsedRequest) -> Job:
-        ns = parsed.namespace
-        page = self.pool.page_size
-        keys: list[list[int]] = []  # no affinity: placed by load alone
-        # LoRA and extra_key blocks are published without their namespace: no affinity (see block_hash).
-        if parsed.affinity and ns.lora_name is None and ns.extra_key is None:
-            seed = salt_seed(ns.cache_salt) if ns.cache_salt else None
-            paths = parsed.memo_paths or [()] * len(parsed.prompts)
-            keys = [page_hashes(path, p, page, seed) if path else block_hashes(p, page, seed)
-                    for p, path in zip(parsed.prompts, paths)]
-        return Job(rid=rid, prompt_lens=[len(p) for p in parsed.prompts], keys=keys,
-                   shared_prefix_len=parsed.shared_prefix_len, max_new_tokens=parsed.max_new_tokens)
+        return Job(rid=rid, prompt_lens=[len(p) for p in parsed.prompts],
+                   keys=prompt_keys(parsed, self.pool.page_size), shared_prefix_len=parsed.shared_prefix_len,
+                   max_new_tokens=parsed.max_new_tokens)
 
     # -- other endpoints ---------------------------------------------------------------------
     async def models(self, request: web.Request) -> web.Response:
@@ -370,6 +434,8 @@ class Router:
         except WorkerError as exc:
             return error_response(exc.status, exc.message)
         self.scheduler.pump()  # queued requests excluded from nothing may now find no worker: answer them
+        if self.owner is not None:
+            self.owner.refresh_model()
         return web.Response(body=orjson.dumps({"removed": worker.id, "url": worker.url}),
                             content_type="application/json")
 
@@ -397,8 +463,23 @@ def tune_gc() -> None:
     gc.set_threshold(50_000, 20, 100)
 
 
-def build_app(cfg: RouterConfig) -> web.Application:
-    router = Router(cfg)
+def _refused(exc: Exception) -> Refused | None:
+    """A front's ``Refused`` for a placement error (``PlacementOwner.refusal``)."""
+    if not isinstance(exc, (QueueFull, QueueTimeout, NoWorkers)):
+        return None
+    r = refusal(exc)
+    return Refused(-1, r["status"], r["message"], r["kind"], r["headers"].get("Retry-After"))
+
+
+PLACE = Screen("place")
+FRONT_START_S = 60.0
+"""How long the owner waits for its front processes to connect at start-up."""
+
+
+def build_app(cfg: RouterConfig, sockets: FrontSockets | None = None) -> web.Application:
+    """The router's app; with ``sockets`` (``--front-processes`` > 1) the placement owner's, which front processes
+    stand in front of."""
+    router = Router(cfg, sockets)
     app = web.Application(client_max_size=cfg.max_body_bytes, middlewares=[json_errors, auth_middleware(cfg)])
     app[ROUTER] = router
 

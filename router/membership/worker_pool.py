@@ -49,6 +49,8 @@ class WorkerPool:
         """Called when capacity may have appeared (a worker added or back in rotation, blocks stored)."""
         self.workers: dict[str, Worker] = {}
         self.tokenizer: RouterTokenizer | None = None
+        self.tokenizer_source: tuple[str, WorkerInfo] | None = None
+        """(URL, info) of the worker the tokenizer was loaded from (front processes load theirs from it too)."""
         self.plain = PlainWorkers(cfg)
         """Plain SGLang workers: their info built from SGLang's endpoints and the router's flags."""
         self.discovery = Discovery(session, self.plain)
@@ -108,6 +110,7 @@ class WorkerPool:
             self.check_new_instance(url, info)
             if self.tokenizer is None:
                 self.tokenizer = await self.discovery.fetch_tokenizer(url, info)
+                self.tokenizer_source = (url, info)
                 if not self.cfg.prefix_memo:
                     self.tokenizer.drop_memo("--no-prefix-memo")
             check = await self.verify_tokenizer(url, self.tokenizer)
@@ -217,6 +220,7 @@ class WorkerPool:
         if not self.workers:
             self._reference = None
             self.tokenizer = None
+            self.tokenizer_source = None
             self.limits = self.flag_limits()
         return worker
 

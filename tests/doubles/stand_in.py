@@ -45,6 +45,8 @@ class StandIn:
     authorization: list[str | None] = field(default_factory=list)
     """The ``Authorization`` header of each request in ``received``."""
     instance_id: str = field(default_factory=lambda: f"stand-in-{uuid.uuid4().hex[:8]}")
+    fail_status: int | None = None
+    """Answer every inference request with this status (a worker that fails requests but stays up)."""
 
     def app(self) -> web.Application:
         config = json.loads((DEFAULT_MODEL_DIR / "config.json").read_text())
@@ -59,6 +61,8 @@ class StandIn:
             body = orjson.loads(await request.read())
             self.received.append((request.path, body))
             self.authorization.append(request.headers.get("Authorization"))
+            if self.fail_status is not None:
+                return web.json_response({"error": "stand-in told to fail"}, status=self.fail_status)
             if body.get("stream"):
                 out = web.StreamResponse(headers={"content-type": "text/event-stream"})
                 await out.prepare(request)

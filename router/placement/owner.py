@@ -1,0 +1,172 @@
+"""The placement owner's side of ``--front-processes N``: it serves the fronts' ``Place``/``Release``/``Cancel``
+messages (``messages``) on a Unix socket, against the one scheduler that holds the committed and pending tables,
+the in-flight FLOPs per worker (Θ) and the FIFO queue.
+
+Each front keeps one connection. A ``Place`` becomes a ``Job`` and goes through the same ``acquire`` as a
+request the owner takes itself, so requests queue in one queue whichever front took them, in the order their
+``Place`` messages arrive. A front that goes away (its connection ends) releases everything it held.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Literal
+
+from sgl_moe.router.placement.job import Job, Placement
+from sgl_moe.router.placement.messages import (
+    VERSION,
+    Cancel,
+    Delegate,
+    Hello,
+    Model,
+    Place,
+    Placed,
+    Refused,
+    Release,
+    frame,
+    read_to_owner,
+)
+
+log = logging.getLogger("sgl_moe.router.fronts")
+
+
+@dataclass(frozen=True)
+class Screen:
+    """What the owner says of a request before placing it, from its fingerprint (``suspects``)."""
+
+    verdict: Literal["place", "refuse", "delegate"]
+    message: str = ""
+    """For ``refuse``: the 400's message (a poison request)."""
+
+
+class PlacementOwner:
+    """Places requests for front processes (a hook object: the router's ``start`` makes it when
+    ``--front-processes`` > 1)."""
+
+    def __init__(self, acquire: Callable[[Job], Awaitable[Placement]], release: Callable[..., None],
+                 refusal: Callable[[Exception], Refused | None], screen: Callable[[bytes], Screen],
+                 observe: Callable[[Placement], None], model: Callable[[], Model]) -> None:
+        self.acquire = acquire
+        """``Scheduler.acquire``."""
+        self.release = release
+        """``Scheduler.release(placement, ok=...)``."""
+        self.refusal = refusal
+        """A refusal for a placement error (queue full, timeout, no workers), or None: not a refusal."""
+        self.screen = screen
+        self.observe = observe
+        """Record a placement's decision and queue time (metrics)."""
+        self.model = model
+        self.fronts: dict[int, asyncio.StreamWriter] = {}
+        """Connected fronts by connection number."""
+        self._last_model: Model | None = None
+        self._server: asyncio.AbstractServer | None = None
+        self._next_conn = 0
+        self.placed = 0
+        """Placements made for fronts."""
+
+    async def serve(self, path: str) -> None:
+        self._server = await asyncio.start_unix_server(self._connection, path=path)
+        os.chmod(path, 0o600)  # the router's own user only: messages are trusted
+
+    async def close(self) -> None:
+        if self._server is not None:
+            self._server.close()
+        for writer in self.fronts.values():
+            writer.close()
+
+    def refresh_model(self) -> None:
+        """Send every front the model state when it changed (a worker joined or left, the tokenizer changed)."""
+        model = self.model()
+        if model == self._last_model:
+            return
+        self._last_model = model
+        data = frame(model)
+        for writer in self.fronts.values():
+            writer.write(data)
+
+    async def _connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        conn = self._next_conn
+        self._next_conn += 1
+        placements: dict[int, Placement] = {}
+        pending: dict[int, asyncio.Task] = {}
+        front = "?"
+        try:
+            hello = await read_to_owner(reader)
+            if not isinstance(hello, Hello) or hello.version != VERSION:
+                log.error("refusing a front connection: it sent %r, not Hello(version=%d)", hello, VERSION)
+                return
+            front = str(hello.front)
+            self.fronts[conn] = writer
+            writer.write(frame(self.model()))
+            log.info("front %s connected", front)
+            while True:
+                msg = await read_to_owner(reader)
+                if isinstance(msg, Place):
+                    task = asyncio.get_running_loop().create_task(self._place(msg, writer, placements))
+                    pending[msg.req] = task
+                    task.add_done_callback(lambda _t, req=msg.req: pending.pop(req, None))
+                elif isinstance(msg, Release):
+                    placement = placements.pop(msg.req, None)
+                    if placement is not None:
+                        self._settle(placement, msg)
+                elif isinstance(msg, Cancel):
+                    task = pending.pop(msg.req, None)
+                    if task is not None:
+                        task.cancel()
+                    placement = placements.pop(msg.req, None)
+                    if placement is not None:
+                        self.release(placement, ok=False)
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+        except Exception:  # a broken frame: this front is dropped, the router goes on
+            log.exception("front %s sent a message the owner cannot read; dropping its connection", front)
+        finally:
+            self.fronts.pop(conn, None)
+            for task in pending.values():
+                task.cancel()
+            for placement in placements.values():
+                self.release(placement, ok=False)
+            if placements or pending:
+                log.warning("front %s went away holding %d placement(s) and %d waiting request(s): released",
+                            front, len(placements), len(pending))
+            writer.close()
+
+    async def _place(self, msg: Place, writer: asyncio.StreamWriter, placements: dict[int, Placement]) -> None:
+        screen = self.screen(msg.fingerprint)
+        if screen.verdict == "refuse":
+            writer.write(frame(Refused(msg.req, 400, screen.message, "request_failed")))
+            return
+        if screen.verdict == "delegate":
+            writer.write(frame(Delegate(msg.req)))
+            return
+        job = Job(rid=msg.rid, prompt_lens=msg.prompt_lens, keys=msg.keys, shared_prefix_len=msg.shared_prefix_len,
+                  max_new_tokens=msg.max_new_tokens)
+        try:
+            placement = await self.acquire(job)
+        except Exception as exc:
+            refused = self.refusal(exc)
+            if refused is None:
+                raise
+            writer.write(frame(Refused(msg.req, refused.status, refused.message, refused.kind,
+                                       refused.retry_after)))
+            return
+        self.observe(placement)
+        self.placed += 1
+        placements[msg.req] = placement
+        writer.write(frame(Placed(msg.req, placement.worker.id, placement.worker.url,
+                                  placement.predicted_cached_tokens, placement.queued_s, placement.decision_s,
+                                  placement.reason)))
+
+    def _settle(self, placement: Placement, msg: Release) -> None:
+        if msg.reported_cached_tokens >= 0:
+            c = placement.worker.counters
+            c.predicted_cached_tokens += placement.predicted_cached_tokens
+            c.reported_cached_tokens += msg.reported_cached_tokens
+        if msg.ok:
+            placement.worker.last_progress = time.monotonic()
+        self.release(placement, ok=msg.ok)

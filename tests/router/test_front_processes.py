@@ -1,0 +1,167 @@
+"""``--front-processes N``: N front processes on one port in front of one placement owner.
+
+Real router processes (``python -m sgl_moe.router``) in front of stand-in workers served from a thread of the test
+process: the replay places a request stream exactly as the single-process router does; a request whose worker
+fails it is handed to the owner, which retries it; the other routes and the client key work through the fronts;
+a front that dies stops the router with exit status 1.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import psutil
+import pytest
+from aiohttp import web
+from doubles.stand_in import StandIn, tokenizer_dir
+
+from sgl_moe.harness.router_process import RouterProcess
+from sgl_moe.policy_bench.standin import StandInFleet
+
+
+class ThreadServers:
+    """aiohttp apps served from one background event loop (the router under test is a subprocess)."""
+
+    def __init__(self, apps: list[web.Application]) -> None:
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self.thread.start()
+        self.runners: list[web.AppRunner] = []
+        self.urls = asyncio.run_coroutine_threadsafe(self._start(apps), self.loop).result(60)
+
+    async def _start(self, apps: list[web.Application]) -> list[str]:
+        urls = []
+        for app in apps:
+            runner = web.AppRunner(app)
+            await runner.setup()
+            site = web.TCPSite(runner, "127.0.0.1", 0)
+            await site.start()
+            self.runners.append(runner)
+            urls.append(f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}")
+        return urls
+
+    def stop(self) -> None:
+        async def stop() -> None:
+            for runner in self.runners:
+                await runner.cleanup()
+        asyncio.run_coroutine_threadsafe(stop(), self.loop).result(30)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+
+
+def _router(tmp_path: Path, name: str, urls: list[str], *args: str) -> RouterProcess:
+    r = RouterProcess(log_path=tmp_path / f"{name}.log", worker_urls=urls, args=["--prefix-wait-s", "0", *args])
+    r.start()
+    r.wait_ready(timeout=90)
+    return r
+
+
+def _stream(n: int) -> list[str]:
+    """Prompts over six shared instruction blocks of different lengths, each with a tail of its own."""
+    blocks = [f"Rules {b}:\n" + "\n".join(f"{i}. Label the ticket by topic {b * 7 + i} and urgency." for i in
+                                          range(4 + 6 * b)) for b in range(6)]
+    order = [0, 1, 0, 2, 0, 1, 3, 0, 4, 1, 0, 5, 2, 0, 1, 3]
+    return [f"{blocks[order[i % len(order)]]}\nTicket {i}: the printer on floor {i % 5} is out of toner.\nLabel:"
+            for i in range(n)]
+
+
+def _placements(router: RouterProcess, prompts: list[str]) -> list[tuple[str, str]]:
+    """(worker id, predicted cached tokens) per prompt, sent one at a time. By id, not URL: ids follow the order
+    the stand-ins joined in, which varies from start to start, and ties between idle workers go by id."""
+    with httpx.Client(timeout=60) as c:
+        out = []
+        for text in prompts:
+            r = c.post(f"{router.url}/generate", json={"text": text, "sampling_params": {"max_new_tokens": 1}})
+            assert r.status_code == 200, r.text
+            out.append((r.headers["x-sgl-moe-worker"], r.headers["x-sgl-moe-predicted-cached-tokens"]))
+    return out
+
+
+def test_replay_places_every_request_where_the_single_process_router_does(tmp_path):
+    prompts = _stream(64)
+    results = {}
+    for fronts in ("1", "2"):  # fresh stand-ins each time: both routers start from empty caches
+        with StandInFleet(3, 4096, per_token_s=0.0, step_s=0.0) as fleet:
+            router = _router(tmp_path, f"fronts{fronts}", fleet.urls, "--front-processes", fronts)
+            try:
+                results[fronts] = _placements(router, prompts)
+            finally:
+                router.stop()
+    single, fronted = results["1"], results["2"]
+    assert len({w for w, _ in single}) > 1, "the stream should spread over workers, or the replay proves little"
+    assert sum(int(c) > 0 for _, c in single) > len(prompts) // 2, "most requests should reuse a prefix"
+    assert fronted == single
+
+
+@pytest.fixture
+def stand_ins(tmp_path):
+    tok = tokenizer_dir(tmp_path / "tok", template=True)
+    ins = [StandIn(tok, fail_status=500), StandIn(tok)]
+    servers = ThreadServers([s.app() for s in ins])
+    yield ins, servers.urls
+    servers.stop()
+
+
+def test_a_request_its_worker_failed_is_retried_by_the_owner_on_another(tmp_path, stand_ins):
+    ins, urls = stand_ins
+    router = _router(tmp_path, "retry", urls, "--front-processes", "2")
+    try:
+        with httpx.Client(timeout=60) as c:
+            ids = {w["url"]: w["id"] for w in c.get(f"{router.url}/workers").json()["workers"]}
+            for i in range(8):
+                r = c.post(f"{router.url}/generate", json={"text": f"request {i} " * 30,
+                                                           "sampling_params": {"max_new_tokens": 1}})
+                assert r.status_code == 200, r.text
+                assert r.headers["x-sgl-moe-worker"] == ids[urls[1]]
+            metrics = c.get(f"{router.url}/metrics").text
+    finally:
+        router.stop()
+    assert len(ins[0].received) >= 1, "some request should have been placed on the failing worker first"
+    retries = [ln for ln in metrics.splitlines() if ln.startswith("sgl_moe_router_retries_total")]
+    assert retries and float(retries[0].split()[-1]) == len(ins[0].received)
+
+
+def test_other_routes_and_the_client_key_work_through_the_fronts(tmp_path, stand_ins):
+    _, urls = stand_ins
+    router = _router(tmp_path, "routes", urls[1:], "--front-processes", "2", "--api-key", "k1",
+                     "--admin-api-key", "a1")
+    try:
+        with httpx.Client(timeout=60) as c:
+            body = {"text": "hello " * 20, "sampling_params": {"max_new_tokens": 1}}
+            assert c.post(f"{router.url}/generate", json=body).status_code == 401
+            ok = c.post(f"{router.url}/generate", json=body, headers={"Authorization": "Bearer k1"})
+            assert ok.status_code == 200, ok.text
+            bad = c.post(f"{router.url}/generate", json={"text": 5}, headers={"Authorization": "Bearer k1"})
+            assert bad.status_code == 400 and "text" in bad.text
+            admin = {"Authorization": "Bearer a1"}
+            workers = c.get(f"{router.url}/workers", headers=admin).json()["workers"]
+            assert [w["url"] for w in workers] == urls[1:]
+            assert c.post(f"{router.url}/workers", json={"nope": 1}, headers=admin).status_code == 400
+            assert c.get(f"{router.url}/health").json()["healthy_workers"] == 1
+            assert "sgl_moe_router_front_placements_total 1" in c.get(f"{router.url}/metrics", headers=admin).text
+    finally:
+        router.stop()
+
+
+def test_a_front_that_dies_stops_the_router_with_status_1(tmp_path, stand_ins):
+    _, urls = stand_ins
+    router = _router(tmp_path, "dies", urls[1:], "--front-processes", "2")
+    try:
+        fronts = psutil.Process(router.proc.pid).children()
+        fronts = [p for p in fronts if "multiprocessing.spawn" in " ".join(p.cmdline()) and
+                  "resource_tracker" not in " ".join(p.cmdline())]
+        assert len(fronts) == 2
+        os.kill(fronts[0].pid, signal.SIGKILL)
+        deadline = time.monotonic() + 30
+        while router.proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert router.proc.returncode == 1
+        assert "front process" in router.log_text() and "exited" in router.log_text()
+        assert not psutil.pid_exists(fronts[1].pid) or fronts[1].status() == psutil.STATUS_ZOMBIE
+    finally:
+        router.stop()
