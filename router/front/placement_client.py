@@ -13,11 +13,11 @@ from sgl_moe.router.placement.messages import (
     Delegate,
     Hello,
     Model,
+    Outbox,
     Place,
     Placed,
     Refused,
     Release,
-    frame,
     read_to_front,
 )
 
@@ -36,6 +36,7 @@ class PlacementClient:
         self.on_lost = on_lost
         """Called once when the owner's connection ends."""
         self._writer: asyncio.StreamWriter | None = None
+        self._outbox: Outbox | None = None
         self._waiting: dict[int, asyncio.Future] = {}
         self._next = 0
         self._reader_task: asyncio.Task | None = None
@@ -43,7 +44,8 @@ class PlacementClient:
 
     async def connect(self, path: str) -> None:
         reader, self._writer = await asyncio.open_unix_connection(path)
-        self._writer.write(frame(Hello(VERSION, self.front)))
+        self._outbox = Outbox(self._writer)
+        self._outbox.put(Hello(VERSION, self.front))
         self._reader_task = asyncio.get_running_loop().create_task(self._read(reader))
 
     def close(self) -> None:
@@ -54,27 +56,28 @@ class PlacementClient:
 
     async def place(self, rid: str, prompt_lens: list[int], keys: list[list[int]], shared_prefix_len: int,
                     max_new_tokens: int, fingerprint: bytes) -> tuple[int, Placed | Refused | Delegate]:
-        """(request number, the owner's answer). The message is written before the first await, so requests are
-        placed in the order this front calls ``place``. Cancelled (the client left): the owner is told."""
+        """(request number, the owner's answer). The message is queued before the first await, so requests are
+        placed in the order this front calls ``place`` (its outbox keeps that order). Cancelled (the client
+        left): the owner is told."""
         if self.lost:
             raise OwnerGone("the placement owner is gone")
         req = self._next
         self._next += 1
         future = asyncio.get_running_loop().create_future()
         self._waiting[req] = future
-        self._writer.write(frame(Place(req, rid, prompt_lens, keys, shared_prefix_len, max_new_tokens, fingerprint)))
+        self._outbox.put(Place(req, rid, prompt_lens, keys, shared_prefix_len, max_new_tokens, fingerprint))
         try:
             return req, await future
         except asyncio.CancelledError:
             if not self.lost:
-                self._writer.write(frame(Cancel(req)))
+                self._outbox.put(Cancel(req))
             raise
         finally:
             self._waiting.pop(req, None)
 
     def release(self, req: int, ok: bool, reported_cached_tokens: int = -1) -> None:
         if not self.lost:
-            self._writer.write(frame(Release(req, ok, reported_cached_tokens)))
+            self._outbox.put(Release(req, ok, reported_cached_tokens))
 
     async def _read(self, reader: asyncio.StreamReader) -> None:
         try:

@@ -139,7 +139,7 @@ class Router:
         if self.lane is not None:
             self.lane.notify()
         if self.owner is not None:
-            self.owner.refresh_model()
+            self.owner.refresh_model(self._model_key())
         if self.scheduler is None or self._pump_due:
             return
         self._pump_due = True
@@ -239,6 +239,12 @@ class Router:
             self.suspects.refused += 1
             return Screen("refuse", self._poison_message(suspect))
         return Screen("delegate")
+
+    def _model_key(self) -> tuple:
+        """What ``model_message`` depends on, cheaply (checked on every capacity change)."""
+        pool, tok = self.pool, self.pool.tokenizer
+        return (id(tok), tok is not None and tok.exact, pool.tokenizer_source and pool.tokenizer_source[0],
+                pool.limits, pool.page_size, pool.context_length)
 
     def model_message(self) -> Model:
         """What the fronts need to parse requests (``messages.Model``)."""
@@ -435,7 +441,7 @@ class Router:
             return error_response(exc.status, exc.message)
         self.scheduler.pump()  # queued requests excluded from nothing may now find no worker: answer them
         if self.owner is not None:
-            self.owner.refresh_model()
+            self.owner.refresh_model(self._model_key())
         return web.Response(body=orjson.dumps({"removed": worker.id, "url": worker.url}),
                             content_type="application/json")
 

@@ -107,6 +107,25 @@ _to_front = msgspec.msgpack.Decoder(ToFront)
 _LEN = struct.Struct(">I")
 
 
+class Outbox:
+    """Frames for one connection, written together once per turn of the event loop: under load one send
+    carries many messages (each message its own send cost the owner ~0.3 ms of CPU per request, measured)."""
+
+    def __init__(self, writer: asyncio.StreamWriter) -> None:
+        self.writer = writer
+        self._parts: list[bytes] = []
+
+    def put(self, message: ToOwner | ToFront) -> None:
+        if not self._parts:
+            asyncio.get_running_loop().call_soon(self.flush)
+        self._parts.append(frame(message))
+
+    def flush(self) -> None:
+        if self._parts and not self.writer.is_closing():
+            self.writer.write(b"".join(self._parts))
+        self._parts.clear()
+
+
 def frame(message: ToOwner | ToFront) -> bytes:
     body = _encoder.encode(message)
     return _LEN.pack(len(body)) + body

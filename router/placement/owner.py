@@ -24,11 +24,11 @@ from sgl_moe.router.placement.messages import (
     Delegate,
     Hello,
     Model,
+    Outbox,
     Place,
     Placed,
     Refused,
     Release,
-    frame,
     read_to_owner,
 )
 
@@ -61,9 +61,10 @@ class PlacementOwner:
         self.observe = observe
         """Record a placement's decision and queue time (metrics)."""
         self.model = model
-        self.fronts: dict[int, asyncio.StreamWriter] = {}
+        self.fronts: dict[int, Outbox] = {}
         """Connected fronts by connection number."""
         self._last_model: Model | None = None
+        self._model_key: object = None
         self._server: asyncio.AbstractServer | None = None
         self._next_conn = 0
         self.placed = 0
@@ -76,18 +77,21 @@ class PlacementOwner:
     async def close(self) -> None:
         if self._server is not None:
             self._server.close()
-        for writer in self.fronts.values():
-            writer.close()
+        for outbox in self.fronts.values():
+            outbox.writer.close()
 
-    def refresh_model(self) -> None:
-        """Send every front the model state when it changed (a worker joined or left, the tokenizer changed)."""
+    def refresh_model(self, key: object) -> None:
+        """Send every front the model state when it changed (a worker joined or left, the tokenizer changed).
+        ``key``: a cheap summary of that state; the message is built only when it differs from the last one."""
+        if key == self._model_key:
+            return
+        self._model_key = key
         model = self.model()
         if model == self._last_model:
             return
         self._last_model = model
-        data = frame(model)
-        for writer in self.fronts.values():
-            writer.write(data)
+        for outbox in self.fronts.values():
+            outbox.put(model)
 
     async def _connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         conn = self._next_conn
@@ -101,13 +105,14 @@ class PlacementOwner:
                 log.error("refusing a front connection: it sent %r, not Hello(version=%d)", hello, VERSION)
                 return
             front = str(hello.front)
-            self.fronts[conn] = writer
-            writer.write(frame(self.model()))
+            outbox = Outbox(writer)
+            self.fronts[conn] = outbox
+            outbox.put(self.model())
             log.info("front %s connected", front)
             while True:
                 msg = await read_to_owner(reader)
                 if isinstance(msg, Place):
-                    task = asyncio.get_running_loop().create_task(self._place(msg, writer, placements))
+                    task = asyncio.get_running_loop().create_task(self._place(msg, outbox, placements))
                     pending[msg.req] = task
                     task.add_done_callback(lambda _t, req=msg.req: pending.pop(req, None))
                 elif isinstance(msg, Release):
@@ -136,13 +141,13 @@ class PlacementOwner:
                             front, len(placements), len(pending))
             writer.close()
 
-    async def _place(self, msg: Place, writer: asyncio.StreamWriter, placements: dict[int, Placement]) -> None:
+    async def _place(self, msg: Place, outbox: Outbox, placements: dict[int, Placement]) -> None:
         screen = self.screen(msg.fingerprint)
         if screen.verdict == "refuse":
-            writer.write(frame(Refused(msg.req, 400, screen.message, "request_failed")))
+            outbox.put(Refused(msg.req, 400, screen.message, "request_failed"))
             return
         if screen.verdict == "delegate":
-            writer.write(frame(Delegate(msg.req)))
+            outbox.put(Delegate(msg.req))
             return
         job = Job(rid=msg.rid, prompt_lens=msg.prompt_lens, keys=msg.keys, shared_prefix_len=msg.shared_prefix_len,
                   max_new_tokens=msg.max_new_tokens)
@@ -152,15 +157,13 @@ class PlacementOwner:
             refused = self.refusal(exc)
             if refused is None:
                 raise
-            writer.write(frame(Refused(msg.req, refused.status, refused.message, refused.kind,
-                                       refused.retry_after)))
+            outbox.put(Refused(msg.req, refused.status, refused.message, refused.kind, refused.retry_after))
             return
         self.observe(placement)
         self.placed += 1
         placements[msg.req] = placement
-        writer.write(frame(Placed(msg.req, placement.worker.id, placement.worker.url,
-                                  placement.predicted_cached_tokens, placement.queued_s, placement.decision_s,
-                                  placement.reason)))
+        outbox.put(Placed(msg.req, placement.worker.id, placement.worker.url, placement.predicted_cached_tokens,
+                          placement.queued_s, placement.decision_s, placement.reason))
 
     def _settle(self, placement: Placement, msg: Release) -> None:
         if msg.reported_cached_tokens >= 0:
