@@ -35,7 +35,10 @@ Figures per (router, stream), pooled over the repeats:
 * **p50 / p99** client latency through the router, and the same stream sent straight to a stand-in
   (``direct``, measured in the same run); **added** p50 / p99 = router's percentile minus direct's
   (a difference of percentiles, not a percentile of differences);
-* **errors** (non-200 or failed requests, warm-up included): a row with any is flagged.
+* **errors** (non-200 or failed requests, warm-up included): a row with any is flagged;
+* with ``--front-processes N`` > 1, **owner ms/req**: the placement owner's CPU alone per request, and
+  **owner bound** = 1 / that: the req/s at which the one serial process would be saturated, with a core for each
+  front (the fronts scale with cores; the owner does not).
 
 The table is printed as markdown; ``--out`` writes every figure, each repeat's too, the machine, the
 command line, and per stream the ratio sgl_moe CPU per request / cache_aware's.
@@ -322,12 +325,15 @@ def _errors(records: list[Record]) -> tuple[int, str | None]:
     return len(bad), (f"{bad[0].status}: {bad[0].error}"[:300] if bad else None)
 
 
-async def measure(url: str, stream: Stream, concurrency: int, cpu, stand_ins: StandIns) -> dict:
-    """Warm-up, then the measured window with ``cpu()`` (the router's CPU seconds) read on both sides."""
+async def measure(url: str, stream: Stream, concurrency: int, cpu, stand_ins: StandIns, owner_cpu=None) -> dict:
+    """Warm-up, then the measured window with ``cpu()`` (the router's CPU seconds) read on both sides;
+    ``owner_cpu()``: the placement owner's alone (sgl_moe with front processes)."""
     warm, _ = await run_stream(url, stream.warmup, concurrency, progress=False) if stream.warmup else ([], 0.0)
     c0, s0, o0 = cpu(), stand_ins.cpu_seconds(), own_cpu_seconds()
+    w0 = owner_cpu() if owner_cpu is not None else None
     records, wall = await run_stream(url, stream.measured, concurrency, progress=False)
     c1, s1, o1 = cpu(), stand_ins.cpu_seconds(), own_cpu_seconds()
+    w1 = owner_cpu() if owner_cpu is not None else None
     n = len(records)
     errors, first_error = _errors(records)
     warm_errors, warm_first = _errors(warm)
@@ -339,6 +345,8 @@ async def measure(url: str, stream: Stream, concurrency: int, cpu, stand_ins: St
     if c0 is not None and c1 is not None and n:
         out["cpu_s"] = c1 - c0
         out["cpu_ms_per_request"] = (c1 - c0) / n * 1e3
+    if w0 is not None and w1 is not None and n:
+        out["owner_cpu_s"] = w1 - w0
     return out
 
 
@@ -354,7 +362,9 @@ async def run_router(spec: RouterSpec, stand_ins: StandIns, stream: Stream, conc
             if spec.front_processes > 1:
                 return {"available": False, "reason": reason}
             raise BenchError(f"{spec.label} did not start: {reason} (log: {log})") from None
-        return {"available": True, **await measure(router.url, stream, concurrency, router.cpu_seconds, stand_ins)}
+        owner = router.top_cpu_seconds if spec.front_processes > 1 else None
+        return {"available": True, **await measure(router.url, stream, concurrency, router.cpu_seconds, stand_ins,
+                                                   owner)}
     finally:
         router.stop()
 
@@ -382,6 +392,10 @@ def pool(runs: list[dict]) -> dict:
     if all("cpu_s" in r for r in ok) and n:
         out["cpu_s"] = sum(r["cpu_s"] for r in ok)
         out["cpu_ms_per_request"] = out["cpu_s"] / n * 1e3
+    if all("owner_cpu_s" in r for r in ok) and n:  # the one serial part: its CPU per request bounds req/s
+        out["owner_cpu_ms_per_request"] = sum(r["owner_cpu_s"] for r in ok) / n * 1e3
+        out["owner_bound_req_per_s"] = (1e3 / out["owner_cpu_ms_per_request"] if out["owner_cpu_ms_per_request"]
+                                        else None)
     for key in ("client_cpu_ms_per_request", "stand_in_cpu_ms_per_request"):
         vals = [(r[key], r["requests"]) for r in ok if r.get(key) is not None]
         out[key] = sum(v * k for v, k in vals) / sum(k for _, k in vals) if vals else None
@@ -459,14 +473,17 @@ def _f(x, fmt: str) -> str:
 
 
 def table(result: dict) -> str:
-    lines = ["| stream | router | CPU ms/req | req/s | p50 ms | p99 ms | added p50 ms | added p99 ms | errors |",
-             "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
+    lines = ["| stream | router | CPU ms/req | owner ms/req (bound req/s) | req/s | p50 ms | p99 ms | added p50 ms | "
+             "added p99 ms | errors |",
+             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in result["rows"]:
         if not r["available"]:
-            lines.append(f"| {r['stream']} | {r['router']} | not available: {r['reason']} | | | | | | |")
+            lines.append(f"| {r['stream']} | {r['router']} | not available: {r['reason']} | | | | | | | |")
             continue
         errors = r["errors"] + r["warmup_errors"]
-        lines.append(f"| {r['stream']} | {r['router']} | {_f(r.get('cpu_ms_per_request'), '.3f')} | "
+        owner = (f"{r['owner_cpu_ms_per_request']:.3f} ({r['owner_bound_req_per_s']:.0f})"
+                 if r.get("owner_bound_req_per_s") else "—")
+        lines.append(f"| {r['stream']} | {r['router']} | {_f(r.get('cpu_ms_per_request'), '.3f')} | {owner} | "
                      f"{r['req_per_s']:.0f} | {_f(r['p50_ms'], '.1f')} | {_f(r['p99_ms'], '.1f')} | "
                      f"{_f(r.get('added_p50_ms'), '.1f')} | {_f(r.get('added_p99_ms'), '.1f')} | "
                      f"{errors}{' **FLAGGED**' if errors else ''} |")

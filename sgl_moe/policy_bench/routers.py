@@ -107,6 +107,19 @@ class RouterUnderTest:
                     pass
                 time.sleep(0.2)
 
+    def top_cpu_seconds(self) -> float | None:
+        """CPU time of the router's first process alone (with ``--front-processes`` > 1: the placement owner)."""
+        proc = self._ours.proc if self._ours is not None else self._proc
+        if proc is None or proc.poll() is not None:
+            return None
+        try:
+            import psutil
+
+            t = psutil.Process(proc.pid).cpu_times()
+            return t.user + t.system
+        except Exception:  # noqa: BLE001 - a diagnostic only
+            return None
+
     def cpu_seconds(self) -> float | None:
         """CPU time the router's processes have used so far (user + system), or None if unknown."""
         proc = self._ours.proc if self._ours is not None else self._proc

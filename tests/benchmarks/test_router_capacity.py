@@ -51,8 +51,8 @@ def test_smallest_run_reports_router_cpu_per_request_for_every_router_and_stream
     assert sum(line.startswith("[") for line in proc.stderr.splitlines()) == 6, proc.stderr
 
 
-def test_a_front_processes_flag_the_router_refuses_is_not_available_not_a_crash(tmp_path):
-    """``--front-processes 2`` is passed to sgl_moe's router; until the router has the flag, the row says so."""
+def test_front_processes_rows_report_the_placement_owner_cpu_and_its_bound(tmp_path):
+    """``--front-processes 2`` is passed to sgl_moe's router: its row has the whole tree's CPU and the owner's."""
     out = tmp_path / "fp.json"
     proc = _run("--prompt-tokens", "50", "--shapes", "shared", "--requests", "10", "--warmup", "0",
                 "--concurrency", "2", "--repeats", "1", "--routers", "sgl_moe", "--front-processes", "1", "2",
@@ -60,11 +60,12 @@ def test_a_front_processes_flag_the_router_refuses_is_not_available_not_a_crash(
     assert proc.returncode == 0, proc.stderr[-3000:]
     rows = {r["router"]: r for r in json.loads(out.read_text())["rows"]}
     assert rows["sgl_moe longest_block_match"]["cpu_ms_per_request"] > 0
+    assert "owner_cpu_ms_per_request" not in rows["sgl_moe longest_block_match"]
     two = rows["sgl_moe longest_block_match --front-processes 2"]
-    if not two["available"]:
-        assert two["reason"] and "not available" in proc.stdout
-    else:
-        assert two["cpu_ms_per_request"] > 0 and two["errors"] == 0
+    assert two["available"] and two["errors"] == 0 and two["warmup_errors"] == 0, two
+    assert 0 < two["owner_cpu_ms_per_request"] < two["cpu_ms_per_request"], two
+    assert two["owner_bound_req_per_s"] == 1e3 / two["owner_cpu_ms_per_request"]
+    assert f"{two['owner_cpu_ms_per_request']:.3f} ({two['owner_bound_req_per_s']:.0f})" in proc.stdout
 
 
 def test_bad_sizes_are_one_line_errors():
