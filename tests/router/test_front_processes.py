@@ -165,3 +165,60 @@ def test_a_front_that_dies_stops_the_router_with_status_1(tmp_path, stand_ins):
         assert not psutil.pid_exists(fronts[1].pid) or fronts[1].status() == psutil.STATUS_ZOMBIE
     finally:
         router.stop()
+
+
+def test_requests_from_every_front_wait_in_the_owners_one_queue_and_a_leaving_client_leaves_it(tmp_path):
+    """Θ pinned to one small request per worker and 0.4 s per step: 8 requests at once from 8 connections (the
+    kernel spreads them over both fronts) run 2 at a time, the rest wait in the owner's queue, all answered.
+    Then 6 clients that give up after 0.3 s: their queued requests leave the queue (``Cancel``), and the
+    workers' in-flight load returns to 0."""
+    one_request = "1"  # FLOPs: a worker takes a request only while its in-flight FLOPs are under Θ: one at a time
+    with StandInFleet(2, 4096, per_token_s=0.0, step_s=0.4) as fleet:
+        router = _router(tmp_path, "queue", fleet.urls, "--front-processes", "2", "--saturation-flops", one_request)
+        try:
+            async def burst(n: int, timeout: float) -> list:
+                async def one(i: int):
+                    async with httpx.AsyncClient(timeout=timeout) as c:  # a connection of its own
+                        try:
+                            return await c.post(f"{router.url}/generate", json={
+                                "text": f"request {i} of the burst", "sampling_params": {"max_new_tokens": 1}})
+                        except httpx.TimeoutException:
+                            return None
+                return await asyncio.gather(*(one(i) for i in range(n)))
+
+            answers = asyncio.run(burst(8, 30))
+            assert all(r is not None and r.status_code == 200 for r in answers), answers
+            waited = [float(r.headers["x-sgl-moe-queue-ms"]) for r in answers]
+            assert sum(w > 100 for w in waited) >= 4, waited  # 2 run per 0.4 s step; the rest queued
+
+            gone = asyncio.run(burst(6, 0.3))
+            assert sum(r is None for r in gone) >= 3, gone
+            with httpx.Client(timeout=10) as c:
+                deadline = time.monotonic() + 10
+                while time.monotonic() < deadline:
+                    health = c.get(f"{router.url}/health").json()
+                    load = [w["inflight_flops"] for w in c.get(f"{router.url}/workers").json()["workers"]]
+                    if health["queue_depth"] == 0 and load == [0.0, 0.0]:
+                        break
+                    time.sleep(0.2)
+                assert health["queue_depth"] == 0 and load == [0.0, 0.0], (health, load)
+                after = c.post(f"{router.url}/generate", json={"text": "after",
+                                                               "sampling_params": {"max_new_tokens": 1}})
+                assert after.status_code == 200
+        finally:
+            router.stop()
+
+
+def test_a_streamed_answer_is_relayed_through_a_front(tmp_path, stand_ins):
+    ins, urls = stand_ins
+    router = _router(tmp_path, "stream", urls[1:], "--front-processes", "2")
+    try:
+        with httpx.Client(timeout=60) as c:
+            with c.stream("POST", f"{router.url}/generate", json={"text": "stream me " * 10, "stream": True,
+                                                                  "sampling_params": {"max_new_tokens": 2}}) as r:
+                assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
+                body = b"".join(r.iter_raw())
+        assert body == b'data: {"text": "x"}\n\n' + b"data: [DONE]\n\n"
+        assert ins[1].received[-1][1]["stream"] is True
+    finally:
+        router.stop()
