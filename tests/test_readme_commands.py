@@ -40,7 +40,7 @@ RUN_BY: dict[str, list[str]] = {
     # Worker, router and clients.
     "python -m sgl_moe.launch_server": [
         "tests/worker/test_launch_server.py::test_defaults_serve_the_shipped_model_with_pages_and_bound_events",
-        f"tests/live/test_readiness_live.py::test_first_prefix_after_health_200_is_still_cached_a_minute_later@{WORKER}",
+        f"tests/live/test_readiness_live.py::test_first_prefix_after_health_200_stays_cached@{WORKER}",
         f"tests/live/test_streaming_live.py::test_streamed_experts_give_the_unpatched_logprobs@{WORKER}",
         f"tests/live/test_offload_live.py::test_exact_offload_gives_the_unpatched_logprobs@{WORKER}",
         f"tests/live/test_dual_batch_live.py::test_dual_micro_batch_decode_gives_the_unpatched_tokens@{WORKER}",

@@ -43,26 +43,17 @@ def test_bench_serving_routers_smallest_run(cluster, tmp_path):
     assert len(re.findall(r"^run 1: .* req/s .* 4 completed", proc.stdout, re.M)) == 2, proc.stdout
 
 
-@pytest.fixture
-def offload_worker(tmp_path, start_worker):
-    """Flags as ``exact_worker`` in test_offload_live.py (module-scoped there, so it cannot be shared from here)."""
-    proc = start_worker(tmp_path / "offload-exact.log",
-                        ["--moe-expert-offload", "--max-total-tokens", "16384", "--moe-execution", "exact",
-                         "--moe-predictor", "hybrid", "--moe-resident-experts", "4"])
-    yield proc
-    proc.stop()
-
-
-def test_offload_worker_bench_smallest_run(worker, offload_worker):
+@pytest.mark.parametrize("worker_group", ["offload"], indirect=True)
+def test_offload_worker_bench_smallest_run(worker, worker_group):
     """Covers ``.venv/bin/python benchmarks/offload_worker_bench.py --plain URL --worker exact=URL --worker
     speculative=URL`` (docs/offload.md) with one offload worker (exact), 2 prompts of 200 characters, 4 greedy
-    tokens each. The smallest honest run needs one worker started with ``--moe-expert-offload`` (the session
-    ``worker`` is the plain one): one worker start-up, 1-2 minutes on the 2-core CI host, against ~10 s for the
-    run itself. A speculative worker would add another start-up for the same code path in the script.
+    tokens each, against the session's plain ``worker``. The exact worker is the ``offload`` group's (conftest.py),
+    which test_offload_live.py uses too: pytest runs that module's tests right after this one, so no worker starts
+    for this test alone. The speculative worker is left out: the same code path in the script.
 
     TPOT is not checked even for sign: at 4 tokens it is (t_4 - t_1) / 3 of one timed prompt, and t_1 includes the
     prompt's uncached prefill while t_4 reuses it (an offload worker's prefill streams experts: -33 ms seen)."""
-    proc = _run("offload_worker_bench.py", "--plain", worker.url, "--worker", f"exact={offload_worker.url}",
+    proc = _run("offload_worker_bench.py", "--plain", worker.url, "--worker", f"exact={worker_group['exact'].url}",
                 "--prompts", "2", "--chars", "200", "--new-tokens", "4")
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "prompt 2/2 done" in proc.stderr

@@ -18,14 +18,13 @@ import random
 import httpx
 import pytest
 
+# One patched worker per placement, both started side by side (the ``dual-batch`` group in conftest.py).
+pytestmark = pytest.mark.parametrize("worker_group", ["dual-batch"], indirect=True)
 
-@pytest.fixture(scope="module", params=["cpu-experts", "streams"])
-def dual_worker(request, tmp_path_factory, start_worker):
-    """One patched worker per placement, one at a time (pytest finishes a parameter before the next)."""
-    proc = start_worker(tmp_path_factory.mktemp(f"dual-batch-{request.param}") / "worker.log",
-                        ["--moe-dual-batch", request.param, "--moe-dual-batch-always", "--max-total-tokens", "16384"])
-    yield proc
-    proc.stop()
+
+@pytest.fixture(params=["cpu-experts", "streams"])
+def dual_worker(request, worker_group):
+    return worker_group[request.param]
 
 
 def _generate(url, ids):

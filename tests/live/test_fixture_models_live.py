@@ -1,7 +1,8 @@
 """A real SGLang worker serves each test model that looks like a real checkpoint (sgl_moe.training.fixtures), and
 tokenizes as transformers' AutoTokenizer does: ``/v1/tokenize``, the prompt ids ``/generate`` actually ran, and the
-chat template behind ``/v1/chat/completions``. One worker at a time (about 4.6 GB each); straight to the worker,
-not through the router."""
+chat template behind ``/v1/chat/completions``. Straight to the worker, not through the router. The workers are the
+session's ``fixture-models`` group (conftest.py), shared with test_real_models_live.py and
+test_tokenizer_probe_live.py."""
 
 import httpx
 import pytest
@@ -20,17 +21,16 @@ PROBES = [
 CHAT = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Name a prime."}]
 
 
+pytestmark = pytest.mark.parametrize("worker_group", ["fixture-models"], indirect=True)
+
+
 @pytest.fixture(scope="module", params=fixtures.KINDS)
-def served(request, start_worker, tmp_path_factory):
+def served(request, worker_group):
     """(kind, AutoTokenizer, worker) for one fixture kind; pytest runs one kind's tests, then the next."""
     kind = request.param
-    model_dir = request.getfixturevalue(f"{kind}_model_dir")
-    tok = transformers.AutoTokenizer.from_pretrained(model_dir)
-    log = tmp_path_factory.mktemp(f"fixture-{kind}") / "worker.log"
-    worker = start_worker(log, ["--model-path", str(model_dir), "--max-total-tokens", "16384"])
-    with httpx.Client(base_url=worker.url, timeout=120) as client:
+    tok = transformers.AutoTokenizer.from_pretrained(request.getfixturevalue(f"{kind}_model_dir"))
+    with httpx.Client(base_url=worker_group[kind].url, timeout=120) as client:
         yield kind, tok, client
-    worker.stop()
 
 
 def _chat_ids(tok, **kwargs) -> list[int]:

@@ -15,11 +15,11 @@ import zmq
 from sgl_moe import DEFAULT_MODEL_DIR
 from sgl_moe.harness.router_client import generate, wait_until
 from sgl_moe.harness.router_client import workers as router_workers
-from sgl_moe.harness.worker_process import WorkerProcess, WorkerStartError
+from sgl_moe.harness.worker_process import WorkerProcess
 from sgl_moe.kv_event_keys import generate as generate_keys
 from sgl_moe.kv_event_keys import load_client_keys
 
-from .conftest import WORKER_ARGS
+from .conftest import NO_THETA_PROFILE, WORKER_ARGS, start_side_by_side, stop_side_by_side
 
 ADMIN_KEY = "kv-security-admin"
 
@@ -61,17 +61,26 @@ def keys(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def curve_worker(keys, tmp_path_factory):
-    w = WorkerProcess(log_path=tmp_path_factory.mktemp("curve") / "worker.log",
-                      args=[*WORKER_ARGS, "--moe-kv-events-keys", str(keys[0]),
-                            "--admin-api-key", ADMIN_KEY]).start()
-    try:
-        w.info = w.wait_ready(timeout=600)
-    except WorkerStartError as exc:
-        w.stop()
-        pytest.fail(str(exc))
-    yield w
-    w.stop()
+def kv_workers(keys, tmp_path_factory):
+    """This module's workers, started side by side: ``curve`` (CURVE keys and an admin key) and, where this machine
+    has a non-loopback IPv4 address, ``open`` (bound to that address, events without keys). No test here is
+    about Θ, so neither runs the start-up profile."""
+    folder = tmp_path_factory.mktemp("kv-security")
+    workers = {"curve": WorkerProcess(log_path=folder / "curve.log",
+                                      args=[*WORKER_ARGS, "--moe-kv-events-keys", str(keys[0]),
+                                            "--admin-api-key", ADMIN_KEY, NO_THETA_PROFILE])}
+    host = _non_loopback_ipv4()
+    if host is not None:
+        workers["open"] = WorkerProcess(log_path=folder / "open.log", host=host,
+                                        args=[*WORKER_ARGS, "--moe-kv-events-allow-unauthenticated", NO_THETA_PROFILE])
+    start_side_by_side(workers)
+    yield workers
+    stop_side_by_side(workers.values())
+
+
+@pytest.fixture(scope="module")
+def curve_worker(kv_workers):
+    return kv_workers["curve"]
 
 
 def test_events_are_unreadable_without_the_key(curve_worker, keys):
@@ -164,23 +173,18 @@ def _non_loopback_ipv4() -> str | None:
     return None if address.startswith("127.") or address == "0.0.0.0" else address
 
 
-def test_non_loopback_host_binds_events_to_that_address_not_all_interfaces(tmp_path):
-    host = _non_loopback_ipv4()
-    if host is None:
+def test_non_loopback_host_binds_events_to_that_address_not_all_interfaces(kv_workers):
+    if "open" not in kv_workers:
         pytest.skip("this machine has no non-loopback IPv4 address")
-    w = WorkerProcess(log_path=tmp_path / "worker.log", host=host,
-                      args=[*WORKER_ARGS, "--moe-kv-events-allow-unauthenticated"]).start()
-    try:
-        w.info = w.wait_ready(timeout=600)
-        [rank0] = w.info["kv_events"]
-        events_port = int(rank0["endpoint"].rsplit(":", 1)[1])
-        assert rank0["endpoint"] == f"tcp://{host}:{events_port}"
-        assert rank0["replay_endpoint"] == f"tcp://{host}:{events_port + 1000}"
-        assert rank0["curve_public_key"] is None
-        for port in (events_port, events_port + 1000):
-            with socket.socket() as s:  # bound to the address, so loopback finds nothing listening
-                assert s.connect_ex(("127.0.0.1", port)) != 0
-            with socket.create_connection((host, port), timeout=5):
-                pass
-    finally:
-        w.stop()
+    w = kv_workers["open"]
+    host = w.host
+    [rank0] = w.info["kv_events"]
+    events_port = int(rank0["endpoint"].rsplit(":", 1)[1])
+    assert rank0["endpoint"] == f"tcp://{host}:{events_port}"
+    assert rank0["replay_endpoint"] == f"tcp://{host}:{events_port + 1000}"
+    assert rank0["curve_public_key"] is None
+    for port in (events_port, events_port + 1000):
+        with socket.socket() as s:  # bound to the address, so loopback finds nothing listening
+            assert s.connect_ex(("127.0.0.1", port)) != 0
+        with socket.create_connection((host, port), timeout=5):
+            pass

@@ -16,16 +16,14 @@ import random
 import httpx
 import pytest
 
-_FLAGS = ["--moe-expert-offload", "--max-total-tokens", "16384"]
+# Both offload workers (exact, with 4 resident experts per layer, and speculative; flags in conftest.py) start side
+# by side once, and the offload benchmark in test_bench_scripts_live.py runs on the same exact worker.
+pytestmark = pytest.mark.parametrize("worker_group", ["offload"], indirect=True)
 
 
-@pytest.fixture(scope="module")
-def exact_worker(tmp_path_factory, start_worker):
-    proc = start_worker(tmp_path_factory.mktemp("offload-exact") / "worker.log",
-                        _FLAGS + ["--moe-execution", "exact", "--moe-predictor", "hybrid",
-                                  "--moe-resident-experts", "4"])
-    yield proc
-    proc.stop()
+@pytest.fixture
+def exact_worker(worker_group):
+    return worker_group["exact"]
 
 
 def _generate(url, ids, new_tokens=6):
@@ -81,29 +79,24 @@ def test_exact_offload_counts_prefetch_hits_and_decode_forwards(exact_worker):
     assert c["bytes_moved"] > 0
 
 
-def test_speculative_offload_keeps_prefill_exact_and_never_fetches_after_routing(worker, tmp_path_factory,
-                                                                              start_worker):
-    proc = start_worker(tmp_path_factory.mktemp("offload-spec") / "worker.log",
-                        _FLAGS + ["--moe-execution", "speculative", "--moe-predictor", "hybrid"])
-    try:
-        prompts = _prompts(3, seed=5)
-        # A prompt shorter than E/k = 16 tokens, alone: its prefill takes the per-expert path, and must still
-        # run its true experts (speculation is for decode steps only).
-        short = [17, 250, 1033, 77, 9, 4000, 12, 512, 64]
-        alone_s, alone_r = _generate(proc.url, short), _generate(worker.url, short)
-        assert alone_s[0][0] == alone_r[0][0]
-        assert max(abs(a - b) for a, b in zip(alone_s[1], alone_r[1])) < 1e-5
-        got, ref = _batch(proc.url, prompts), _batch(worker.url, prompts)
-        for (ids_s, prompt_s, _), (ids_r, prompt_r, _) in zip(got, ref):
-            assert ids_s[0] == ids_r[0]  # the first token comes from the (exact) prefill
-            assert max(abs(a - b) for a, b in zip(prompt_s, prompt_r)) < 1e-5
-        import time
+def test_speculative_offload_keeps_prefill_exact_and_never_fetches_after_routing(worker, worker_group):
+    proc = worker_group["speculative"]
+    prompts = _prompts(3, seed=5)
+    # A prompt shorter than E/k = 16 tokens, alone: its prefill takes the per-expert path, and must still
+    # run its true experts (speculation is for decode steps only).
+    short = [17, 250, 1033, 77, 9, 4000, 12, 512, 64]
+    alone_s, alone_r = _generate(proc.url, short), _generate(worker.url, short)
+    assert alone_s[0][0] == alone_r[0][0]
+    assert max(abs(a - b) for a, b in zip(alone_s[1], alone_r[1])) < 1e-5
+    got, ref = _batch(proc.url, prompts), _batch(worker.url, prompts)
+    for (ids_s, prompt_s, _), (ids_r, prompt_r, _) in zip(got, ref):
+        assert ids_s[0] == ids_r[0]  # the first token comes from the (exact) prefill
+        assert max(abs(a - b) for a, b in zip(prompt_s, prompt_r)) < 1e-5
+    import time
 
-        time.sleep(1.2)
-        _batch(proc.url, _prompts(1, seed=6))
-        c = _counts(proc)["counts"]
-        assert c["decode_forwards"] > 0
-        # Layer 0 has no prediction and loads what it routes; every later layer runs exactly what was prefetched.
-        assert c["misses_after_layer0"] == 0, c
-    finally:
-        proc.stop()
+    time.sleep(1.2)
+    _batch(proc.url, _prompts(1, seed=6))
+    c = _counts(proc)["counts"]
+    assert c["decode_forwards"] > 0
+    # Layer 0 has no prediction and loads what it routes; every later layer runs exactly what was prefetched.
+    assert c["misses_after_layer0"] == 0, c

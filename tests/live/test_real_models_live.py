@@ -1,9 +1,10 @@
 """The router in front of ONE real worker of each real-tokenizer test model (``sgl_moe.training.fixtures``):
 predicted cached tokens, ``/v1/classify``, chat and request namespaces agree with the worker itself.
 
-One worker at a time (about 4.6 GB each): the module fixture starts the current kind's worker and router,
-pytest runs that kind's tests, stops both, then starts the next kind. Tolerance of classify vs SGLang's
-``/v1/score`` as in test_classify_live.py (1e-5 absolute on probabilities).
+The workers are the session's ``fixture-models`` group (conftest.py), shared with test_fixture_models_live.py and
+test_tokenizer_probe_live.py; the module fixture starts a router in front of the current kind's worker, pytest runs
+that kind's tests, stops the router, then goes on to the next kind. Tolerance of classify vs SGLang's ``/v1/score``
+as in test_classify_live.py (1e-5 absolute on probabilities).
 """
 
 import math
@@ -24,25 +25,25 @@ CHAT = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": 
 SAMPLING = {"max_new_tokens": 2, "temperature": 0}
 
 
+pytestmark = pytest.mark.parametrize("worker_group", ["fixture-models"], indirect=True)
+
+
 @pytest.fixture(scope="module", params=fixtures.KINDS)
-def served(request, start_worker, tmp_path_factory):
-    """(kind, AutoTokenizer, worker, router) for one fixture kind; stopped before the next kind starts."""
+def served(request, worker_group, tmp_path_factory):
+    """(kind, AutoTokenizer, worker, router) for one fixture kind; the router is stopped before the next kind."""
     kind = request.param
-    model_dir = request.getfixturevalue(f"{kind}_model_dir")
-    tok = transformers.AutoTokenizer.from_pretrained(model_dir)
-    folder = tmp_path_factory.mktemp(f"real-{kind}")
-    worker = start_worker(folder / "worker.log", ["--model-path", str(model_dir), "--max-total-tokens", "16384"])
-    router = RouterProcess(log_path=folder / "router.log", worker_urls=[worker.url], args=["--log-level", "debug"])
+    tok = transformers.AutoTokenizer.from_pretrained(request.getfixturevalue(f"{kind}_model_dir"))
+    worker = worker_group[kind]
+    router = RouterProcess(log_path=tmp_path_factory.mktemp(f"real-{kind}") / "router.log", worker_urls=[worker.url],
+                           args=["--log-level", "debug"])
     try:
         router.start()
         router.wait_ready(timeout=60)
     except RouterStartError as exc:
         router.stop()
-        worker.stop()
         pytest.fail(f"{kind}: {exc}")
     yield kind, tok, worker, router
     router.stop()
-    worker.stop()
 
 
 def unique_text(words: int) -> str:

@@ -17,6 +17,8 @@ from sgl_moe.harness.router_client import metric as _metric
 from sgl_moe.harness.router_client import workers as _workers
 from sgl_moe.policy_bench.routers import flush_caches
 
+from .conftest import NO_THETA_PROFILE, WORKER_ARGS
+
 
 def workers_state(router):
     return _workers(router.url)
@@ -252,9 +254,11 @@ def test_worker_killed_mid_request(cluster, worker_factory, router_factory):
     router itself, one at a time and each alone on the surviving worker (the quarantine lane); both survive, so
     both clients get their answer and the same request sent again is served (issue 29: innocent requests were
     refused for an hour). The dead worker leaves rotation, and comes back (with an empty table) when restarted."""
-    victim = worker_factory()
     # Θ pinned far above both requests: this test is about a death, not admission (a Θ profiled on a loaded
-    # host can be one request, and the second would then wait for the first to finish).
+    # host can be one request, and the second would then wait for the first to finish). So the victim skips the
+    # start-up Θ profile, both times it starts.
+    victim_args = [*WORKER_ARGS, NO_THETA_PROFILE]
+    victim = worker_factory(args=victim_args)
     router = router_factory([cluster[0], victim], "--health-interval-s", "0.5", "--saturation-flops", "1e15")
     vid = by_url(router)[victim.url]["id"]
     prefix = unique_text(40)
@@ -282,7 +286,7 @@ def test_worker_killed_mid_request(cluster, worker_factory, router_factory):
     wait_until(lambda: workers_state(router)[vid]["state"] == "unhealthy", what="out of rotation")
     # Restarted on the same port: back in rotation; the restart is detected and the old table dropped (the
     # new instance's own blocks, e.g. from SGLang's warm-up request, arrive through its events).
-    worker_factory(port=victim.port)
+    worker_factory(port=victim.port, args=victim_args)
     state = wait_until(lambda: (s := workers_state(router)[vid])["state"] == "healthy" and s, timeout=30,
                        what="back in rotation")
     assert state["counters"]["restarts"] == 1

@@ -17,13 +17,14 @@ import pytest
 from sgl_moe.flops import FlopsModel
 from sgl_moe.harness.router_process import RouterProcess
 
+# The worker (``--moe-weight-streaming host --moe-stream-window 2``, conftest.py) starts side by side with
+# test_streaming_mixtral_live.py's: the ``weight-streaming`` group.
+pytestmark = pytest.mark.parametrize("worker_group", ["weight-streaming"], indirect=True)
 
-@pytest.fixture(scope="module")
-def streaming_worker(tmp_path_factory, start_worker):
-    proc = start_worker(tmp_path_factory.mktemp("streaming") / "worker.log",
-                        ["--moe-weight-streaming", "host", "--moe-stream-window", "2", "--max-total-tokens", "16384"])
-    yield proc
-    proc.stop()
+
+@pytest.fixture
+def streaming_worker(worker_group):
+    return worker_group["shipped"]
 
 
 def _calibrated_info(worker, timeout=120.0):

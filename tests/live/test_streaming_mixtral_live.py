@@ -10,39 +10,21 @@ expert gate is a Triton kernel).
 from __future__ import annotations
 
 import random
-import shutil
 
 import httpx
 import pytest
 
-from sgl_moe import DEFAULT_MODEL_DIR
-
 TOLERANCE = 1e-4
 
 
-@pytest.fixture(scope="module")
-def mixtral_dir(tmp_path_factory):
-    import torch
-    from transformers import MixtralConfig, MixtralForCausalLM
-
-    torch.manual_seed(0)
-    cfg = MixtralConfig(vocab_size=4096, hidden_size=128, intermediate_size=128, num_hidden_layers=4,
-                        num_attention_heads=4, num_key_value_heads=2, num_local_experts=8, num_experts_per_tok=2,
-                        max_position_embeddings=4096, initializer_range=0.1)
-    out = tmp_path_factory.mktemp("tiny-mixtral")
-    MixtralForCausalLM(cfg).to(torch.float32).save_pretrained(out)
-    for name in ("tokenizer.json", "tokenizer_config.json"):
-        shutil.copy(DEFAULT_MODEL_DIR / name, out / name)
-    return out
+# The worker (``--moe-weight-streaming host`` on ``mixtral_dir``, conftest.py) starts side by side with
+# test_streaming_live.py's: the ``weight-streaming`` group.
+pytestmark = pytest.mark.parametrize("worker_group", ["weight-streaming"], indirect=True)
 
 
-@pytest.fixture(scope="module")
-def mixtral_worker(mixtral_dir, tmp_path_factory, start_worker):
-    proc = start_worker(tmp_path_factory.mktemp("mixtral") / "worker.log",
-                        ["--model-path", str(mixtral_dir), "--moe-weight-streaming", "host",
-                         "--max-total-tokens", "16384"])
-    yield proc
-    proc.stop()
+@pytest.fixture
+def mixtral_worker(worker_group):
+    return worker_group["mixtral"]
 
 
 def test_streamed_mixtral_matches_hf(mixtral_dir, mixtral_worker):

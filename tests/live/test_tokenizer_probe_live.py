@@ -2,6 +2,7 @@
 model, and the Qwen2Tokenizer fixture (byte-level BPE, ChatML template)."""
 
 import httpx
+import pytest
 
 
 def _checks(router) -> list[dict]:
@@ -23,9 +24,6 @@ def test_shipped_model_matches(cluster, router_factory):
     _assert_match(router_factory(cluster), chat=False)
 
 
-def test_qwen_fixture_matches(qwen_model_dir, start_worker, router_factory, tmp_path):
-    worker = start_worker(tmp_path / "qwen.log", ["--model-path", str(qwen_model_dir), "--max-total-tokens", "16384"])
-    try:
-        _assert_match(router_factory([worker]), chat=True)
-    finally:
-        worker.stop()
+@pytest.mark.parametrize("worker_group", ["fixture-models"], indirect=True)  # conftest.py: shared worker
+def test_qwen_fixture_matches(worker_group, router_factory):
+    _assert_match(router_factory([worker_group["qwen"]]), chat=True)
