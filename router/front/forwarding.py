@@ -19,10 +19,13 @@ from aiohttp import web
 
 from sgl_moe.router.errors import WorkerFailure
 from sgl_moe.router.front.attempt import Attempt
-from sgl_moe.router.front.upstream import abort_on_worker, failure, upstream
+from sgl_moe.router.front.worker_client import WorkerClient
 from sgl_moe.router.placement.job import Placement
 
 log = logging.getLogger("sgl_moe.router")
+
+ABORT_PATH = "/abort_request"
+"""SGLang's route that aborts a request by ``rid``."""
 
 
 def note_cached(placement: Placement, reported: int) -> None:
@@ -48,10 +51,12 @@ class Forwarder:
     ``stream`` each release the placement whatever happens; a request whose client went away is aborted on its
     worker (``aborts``), by a task of its own that releases the placement when the abort is done."""
 
-    def __init__(self, session: aiohttp.ClientSession, release: Release, abort_timeout_s: float,
-                 note_cached: Callable[[Placement, int], None] = note_cached) -> None:
+    def __init__(self, client: WorkerClient, session: aiohttp.ClientSession, release: Release,
+                 abort_timeout_s: float, note_cached: Callable[[Placement, int], None] = note_cached) -> None:
+        self.client = client
+        """Carries the forwarded requests (``worker_client``)."""
         self.session = session
-        """The router's one HTTP client to the workers."""
+        """The router's aiohttp client to the workers: aborts."""
         self.release = release
         self.note_cached = note_cached
         """What to do with the cached tokens a worker reported for a placement (default: ``note_cached``)."""
@@ -65,9 +70,11 @@ class Forwarder:
         """Aborts under way."""
 
     def cancel(self) -> None:
-        """The router stops: cancel the aborts under way (each still releases its placement)."""
+        """The router stops: cancel the aborts under way (each still releases its placement) and close the idle
+        connections to workers."""
         for task in self._tasks:
             task.cancel()
+        self.client.close()
 
     def _headers(self, placement: Placement) -> dict[str, str]:
         return {"x-sgl-moe-worker": placement.worker.id, "x-sgl-moe-request-id": placement.job.rid,
@@ -84,11 +91,8 @@ class Forwarder:
         worker = placement.worker
         ok = aborting = False
         try:
-            async with upstream(self.session, worker.url + attempt.endpoint, attempt.body, attempt.headers) as resp:
-                try:
-                    payload = await resp.read()
-                except (TimeoutError, aiohttp.ClientError) as exc:
-                    raise failure(exc) from None
+            async with self.client.post(worker.url + attempt.endpoint, attempt.body, attempt.headers) as resp:
+                payload = await resp.read()
                 status = resp.status
                 ctype = resp.headers.get("content-type", "application/json")
             worker.last_progress = time.monotonic()
@@ -112,7 +116,7 @@ class Forwarder:
         worker = placement.worker
         ok = aborting = False
         try:
-            async with upstream(self.session, worker.url + attempt.endpoint, attempt.body, attempt.headers) as resp:
+            async with self.client.post(worker.url + attempt.endpoint, attempt.body, attempt.headers) as resp:
                 if resp.status >= 500:
                     text = (await resp.read())[:300].decode(errors="replace")
                     raise WorkerFailure(f"answered {resp.status}: {text}", transport=False)
@@ -120,9 +124,9 @@ class Forwarder:
                     "content-type": resp.headers.get("content-type", "text/event-stream"), **self._headers(placement)})
                 await out.prepare(request)
                 try:
-                    async for chunk in resp.content.iter_any():
+                    async for chunk in resp.chunks():
                         await out.write(chunk)
-                except (TimeoutError, aiohttp.ClientError) as exc:
+                except WorkerFailure as exc:
                     log.warning("stream of %s from %s broke: %s", placement.job.rid, worker.id, exc)
                     return out
                 except ConnectionResetError:  # the client went away mid-stream
@@ -188,3 +192,16 @@ class Forwarder:
         if reported is not None:
             self.note_cached(placement, reported)
 
+
+async def abort_on_worker(session: aiohttp.ClientSession, base_url: str, rid: str, timeout_s: float) -> str | None:
+    """Ask the worker to abort request ``rid``, waiting at most ``timeout_s``. None: the worker accepted, or its
+    process is gone (a refused connection: the request went with it). Otherwise why the abort did not get through
+    (``repr`` of the error, never empty): the worker may still be running the request."""
+    try:
+        async with session.post(base_url + ABORT_PATH, json={"rid": rid},
+                                timeout=aiohttp.ClientTimeout(total=timeout_s)) as resp:
+            return None if resp.status == 200 else f"answered {resp.status}"
+    except aiohttp.ClientConnectorError:
+        return None
+    except (TimeoutError, aiohttp.ClientError) as exc:
+        return repr(exc)

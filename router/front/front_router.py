@@ -31,6 +31,7 @@ from sgl_moe.router.front.auth import auth_middleware
 from sgl_moe.router.front.forwarding import Forwarder
 from sgl_moe.router.front.intake import read_body
 from sgl_moe.router.front.placement_client import OwnerGone, PlacementClient
+from sgl_moe.router.front.worker_client import WorkerClient
 from sgl_moe.router.membership.discovery import Discovery
 from sgl_moe.router.membership.plain_worker import PlainWorkers
 from sgl_moe.router.membership.worker import WorkerError
@@ -125,7 +126,10 @@ class FrontRouter:
             auto_decompress=False, headers=worker_auth_headers(self.cfg))
         self.owner = aiohttp.ClientSession(connector=aiohttp.UnixConnector(path=self.owner_socket),
                                            timeout=aiohttp.ClientTimeout(total=None), auto_decompress=False)
-        self.forwarder = Forwarder(self.session, self._release, self.cfg.abort_timeout_s, self._note_cached)
+        self.forwarder = Forwarder(
+            WorkerClient(total_timeout_s=self.cfg.request_timeout_s, connect_timeout_s=10,
+                         keepalive_s=self.cfg.worker_keepalive_s, headers=worker_auth_headers(self.cfg)),
+            self.session, self._release, self.cfg.abort_timeout_s, self._note_cached)
         await self.client.connect(self.placement_socket)
 
     async def stop(self, app: web.Application) -> None:

@@ -168,3 +168,14 @@ class _StateCollector:
                 on.add_metric([kind], 1.0 if memo.enabled else 0.0)
                 held.add_metric([kind], memo.tokens)
             yield from (*(f for f, _ in families), on, held)
+        pieces = tok.pieces if tok is not None else None
+        if pieces is not None:
+            m = counter("piece_cache_pieces", "Pieces (a space run and the word after it) of memo segments by where "
+                        "their ids came from: kept (encoded before) or encoded", ["source"])
+            m.add_metric(["kept"], pieces.hits)
+            m.add_metric(["encoded"], pieces.misses)
+            yield m
+            m = counter("piece_cache_whole_texts", "Memo segments encoded whole because they cannot be cut at "
+                        "spaces (an added token as text, a pair BPE may merge)")
+            m.add_metric([], pieces.whole)
+            yield m

@@ -33,6 +33,7 @@ from sgl_moe.router.front.front_processes import FrontProcesses, FrontSockets, F
 from sgl_moe.router.front.front_router import FAILED_WORKER_HEADER, FAILURE_HEADER
 from sgl_moe.router.front.intake import read_body
 from sgl_moe.router.front.metrics import RouterMetrics
+from sgl_moe.router.front.worker_client import WorkerClient
 from sgl_moe.router.membership.worker import NotAWorker, Worker, WorkerError
 from sgl_moe.router.membership.worker_pool import WorkerPool
 from sgl_moe.router.placement.block_index import BlockIndex
@@ -91,7 +92,10 @@ class Router:
         self.pool = WorkerPool(self.cfg, self.index, self.ledger, self.session, on_change=self._on_capacity)
         self.scheduler = Scheduler(self.cfg, self.pool, self.index, self.ledger)
         self.scheduler.pump_soon = self._on_capacity
-        self.forwarder = Forwarder(self.session, self.scheduler.release, self.cfg.abort_timeout_s)
+        self.forwarder = Forwarder(
+            WorkerClient(total_timeout_s=self.cfg.request_timeout_s, connect_timeout_s=10,
+                         keepalive_s=self.cfg.worker_keepalive_s, headers=worker_auth_headers(self.cfg)),
+            self.session, self.scheduler.release, self.cfg.abort_timeout_s)
         self.lane = QuarantineLane(self.scheduler, self.pool, self.cfg.queue_timeout_s)
         self._tasks.append(asyncio.create_task(self.pool.health_loop(), name="health"))
         for url in self.cfg.worker_urls:
