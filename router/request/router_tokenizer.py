@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any
 
 import jinja2
 
+from sgl_moe.router.request.piece_cache import PieceCache
 from sgl_moe.router.request.prefix_memo import MemoPath, PrefixMemo
 from sgl_moe.router.request.token_cuts import CutRule
 from sgl_moe.wire import TOKENIZER_FILE_NAMES, is_tokenizer_file_name
@@ -199,10 +200,14 @@ class RouterTokenizer:
         are encoded whole."""
         self.plain_memo: PrefixMemo | None = None
         """The same for ``encode_plain`` (rendered chat prompts, decisions, classify's tasks)."""
+        self.pieces: PieceCache | None = None
+        """Ids of words seen before (``piece_cache``), through which the memos encode; None where texts cannot be
+        cut at spaces (regex-piece tokenizers) or there is no memo."""
         self.memo_off_reason = "a tokenizer that is not a stock fast tokenizer" if not self._stock else ""
         if self._stock:
             self.memo, self.plain_memo, self.memo_off_reason = self._prefix_memos()
-        log.info("prefix memo %s", f"on ({self.memo.rule.family} cuts)" if self.memo else
+        log.info("prefix memo %s", f"on ({self.memo.rule.family} cuts, "
+                 f"{'words encoded once' if self.pieces else 'new text encoded whole'})" if self.memo else
                  f"off: {self.memo_off_reason}; every text is encoded whole")
 
     def drop_memo(self, reason: str) -> None:
@@ -218,8 +223,10 @@ class RouterTokenizer:
         specials = _added_around(self._encode_plain_batch, self._encode_full_batch)
         if specials is None:
             return None, None, "the special tokens added around a text depend on the text"
-        return (PrefixMemo(rule, self._encode_plain_batch, self._encode_full_batch, *specials),
-                PrefixMemo(rule, self._encode_plain_batch, self._encode_plain_batch, [], []), "")
+        self.pieces = PieceCache.of(rule, self._encode_plain_batch)
+        by_piece = self.pieces.encode_batch if self.pieces is not None else self._encode_plain_batch
+        return (PrefixMemo(rule, by_piece, self._encode_full_batch, *specials),
+                PrefixMemo(rule, by_piece, self._encode_plain_batch, [], []), "")
 
     def _encode_plain_batch(self, texts: list[str]) -> list[list[int]]:
         return [e.ids for e in self.backend.encode_batch_fast(texts, add_special_tokens=False)]

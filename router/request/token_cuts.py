@@ -79,6 +79,8 @@ class CutRule:
     """Regex pieces: the character before the newline may be whitespace (``NEWLINE_RUN_PATTERNS``)."""
     alphabet: frozenset[str] | None = None
     """Whole-text BPE without byte fallback: the characters the vocabulary holds (both at a cut must be known)."""
+    added_contents: tuple[str, ...] = ()
+    """The added tokens' contents (lowercased where ``lowercase_added``), longest first."""
 
     @classmethod
     def of(cls, backend: Any) -> tuple[CutRule | None, str]:
@@ -108,6 +110,7 @@ class CutRule:
                            for a in added if a["content"]}, key=len, reverse=True)
         alternatives = "|".join(map(re.escape, contents)) or "(?!)"
         common = dict(ascii_at_cut=ascii_at_cut, added_by_char=frozenset("".join(contents)),
+                      added_contents=tuple(contents),
                       added_pattern=re.compile(f"(?=({alternatives}))"),
                       added_max_len=max(map(len, contents), default=0),
                       lowercase_added=lowercase and any(a.get("normalized") for a in added))

@@ -221,6 +221,9 @@ def test_in_service_the_memo_serves_shared_prefixes_and_reports_it(tmp_path_fact
         line = next(x for x in text.splitlines() if x.startswith(ids_line))
         assert float(line.split()[-1]) >= 2 * len(full(tok, [shared])[0]) * 0.8
         assert 'sgl_moe_router_prefix_memo_enabled{kind="generate"} 1.0' in text
+        kept_line = 'sgl_moe_router_piece_cache_pieces_total{source="kept"}'
+        kept = next(x for x in text.splitlines() if x.startswith(kept_line))
+        assert float(kept.split()[-1]) > 0  # the texts' tails share words
     finally:
         setup.close()
 

@@ -1,0 +1,137 @@
+"""Ids of the words of texts, each word encoded once, for tokenizers that run BPE over the whole text.
+
+Sentencepiece models as transformers converts them (Llama 2, Mistral, Mixtral, the shipped model) have no
+pre-tokenizer: BPE sees the whole text, and the tokenizers library pays about a microsecond per token on the 2-core
+VM however often it has seen the words. Split the text into *pieces* instead, each a run of spaces and the
+non-spaces after it (``" *[^ ]+| +"``): between two pieces the text holds a non-space then a space, a place
+``CutRule`` allows a cut (``token_cuts``: encoding the two sides apart gives the ids of encoding them together)
+unless
+
+- a vocabulary token holds that pair (BPE may merge across it): the character before the space is one of
+  ``joiners``;
+- an added token's occurrence covers it: the text holds an added token's content;
+- a Unicode normalizer runs and either character is not ASCII;
+- the vocabulary lacks either character (no byte fallback: ``<unk>`` may fuse).
+
+A text with none of those is the concatenation of its pieces' ids (the cut argument, one cut at a time). Each
+check runs over the whole text at C speed, never cut by cut; a text failing one is encoded whole. Ids of pieces up
+to ``MAX_PIECE_CHARS`` are kept (``MAX_PIECES`` of them, the oldest half dropped when full); new pieces of a batch
+are encoded in one call. ``PrefixMemo`` encodes its segments through this, so its sampled whole-encode check
+covers it in service.
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+from collections.abc import Callable
+from itertools import chain, islice
+
+from sgl_moe.router.request.token_cuts import CutRule
+
+PIECE = re.compile(r" *[^ ]+| +")
+MAX_PIECES = 200_000
+"""Pieces kept (about 150 bytes each)."""
+MAX_PIECE_CHARS = 64
+"""Longer pieces (a URL, base64) are encoded each time, not kept."""
+
+EncodeBatch = Callable[[list[str]], list[list[int]]]
+
+
+class PieceCache:
+    """``encode_plain`` (ids without special tokens) piece by piece; see the module. Built by ``of``."""
+
+    def __init__(self, encode_plain: EncodeBatch, joiners: str, added: list[str], ascii_only: bool,
+                 known: frozenset[str] | None) -> None:
+        self._encode = encode_plain
+        self._joined = re.compile(f"[{re.escape(joiners)}] ") if joiners else None
+        """Finds a space after a character BPE may merge it with."""
+        self._added = added
+        self._ascii_only = ascii_only
+        self._known = known
+        """Characters the vocabulary holds (None: byte fallback, every character is known)."""
+        self._ids: dict[str, list[int]] = {}
+        self._lock = threading.Lock()
+        self.hits = 0
+        """Pieces whose ids were kept."""
+        self.misses = 0
+        """Pieces encoded."""
+        self.whole = 0
+        """Texts encoded whole (a check failed)."""
+
+    @classmethod
+    def of(cls, rule: CutRule, encode_plain: EncodeBatch) -> PieceCache | None:
+        """The cache for ``rule``'s tokenizer, or None when its texts cannot be cut at spaces (regex pieces)."""
+        if rule.family != "whole-text-bpe" or rule.lowercase_added:
+            return None
+        space = rule.char_map.get(" ", " ")
+        if rule.alphabet is not None and space not in rule.alphabet:
+            return None
+        originals: dict[str, set[str]] = {}
+        for src, dst in rule.char_map.items():
+            originals.setdefault(dst, set()).add(src)
+        joiners = {orig for pair in rule.pair_chars if pair[1] == space
+                   for orig in ({pair[0]} | originals.get(pair[0], set())) if orig != " "}
+        known = None
+        if rule.alphabet is not None:
+            known = frozenset({ch for ch in rule.alphabet if ch not in rule.char_map}
+                              | {src for src, dst in rule.char_map.items() if dst in rule.alphabet})
+        return cls(encode_plain, "".join(sorted(joiners)), list(rule.added_contents), rule.ascii_at_cut, known)
+
+    def cuttable(self, text: str) -> bool:
+        """Every place between two pieces of ``text`` is a cut ``CutRule`` allows."""
+        if self._ascii_only and not text.isascii():
+            return False
+        if self._known is not None and not self._known.issuperset(text):
+            return False
+        if self._joined is not None and self._joined.search(text):
+            return False
+        return not any(a in text for a in self._added)
+
+    def encode_batch(self, texts: list[str]) -> list[list[int]]:
+        """The ids of each text without special tokens, as ``encode_plain`` gives them."""
+        kept = self._ids
+        split: list[list[str] | None] = [PIECE.findall(t) if self.cuttable(t) else None for t in texts]
+        new = list(set().union(*(pieces for pieces in split if pieces is not None)).difference(kept))
+        whole = [t for t, pieces in zip(texts, split) if pieces is None]
+        encoded = self._encode(new + whole) if new or whole else []
+        fresh = dict(zip(new, encoded))
+        self.misses += len(new)
+        self.whole += len(whole)
+        if new:
+            self._keep(fresh)
+        out: list[list[int]] = []
+        at = len(new)
+        for pieces in split:
+            if pieces is None:
+                out.append(encoded[at])
+                at += 1
+                continue
+            try:
+                ids = list(chain.from_iterable(map(kept.__getitem__, pieces)))
+            except KeyError:  # a long piece (not kept), or one another thread's call dropped meanwhile
+                gone = list({p for p in pieces if p not in kept and p not in fresh})
+                fresh.update(zip(gone, self._encode(gone) if gone else []))
+                ids = list(chain.from_iterable(kept[p] if p in kept else fresh[p] for p in pieces))
+            self.hits += len(pieces)
+            out.append(ids)
+        self.hits -= len(new)
+        if len(kept) > MAX_PIECES:
+            self._trim()
+        return out
+
+    def _keep(self, fresh: dict[str, list[int]]) -> None:
+        with self._lock:
+            kept = self._ids
+            for piece, ids in fresh.items():
+                if len(piece) <= MAX_PIECE_CHARS:
+                    kept[piece] = ids
+
+    def _trim(self) -> None:
+        """Drop the older half of the kept pieces (after a call's texts are assembled)."""
+        with self._lock:
+            kept = self._ids
+            if len(kept) > MAX_PIECES:
+                for piece in list(islice(kept, len(kept) // 2)):
+                    del kept[piece]
+

@@ -1,0 +1,74 @@
+"""The piece cache gives exactly the ids of a whole encode, for every fixture tokenizer it serves.
+
+Texts are made of ``test_prefix_memo``'s atoms (whitespace runs, ``▁`` written as text, special and added tokens as
+text, tabs, combining sequences, ZWJ emoji, non-ASCII words): encoded cold, warm, in batches, with pieces dropped
+while texts are encoded, the ids equal the tokenizer's own.
+"""
+
+import random
+
+import pytest
+
+from sgl_moe.router.request import piece_cache
+
+from . import test_prefix_memo
+from .test_prefix_memo import TOKENIZERS, full, plain, random_text
+
+tokenizers = test_prefix_memo.tokenizers  # the fixtures: every fixture tokenizer, loaded once per module
+variants_root = test_prefix_memo.variants_root
+
+
+def _texts(rng: random.Random, n: int) -> list[str]:
+    return [random_text(rng, rng.randint(1, 60)) for _ in range(n)] + [
+        "\n".join(random_text(rng, 6) for _ in range(5)) for _ in range(n // 4)]
+
+
+@pytest.mark.parametrize("name", TOKENIZERS)
+def test_piece_ids_equal_a_whole_encode(name, tokenizers):
+    tok = tokenizers(name)
+    if tok.pieces is None:
+        pytest.skip(f"{name}: no piece cache ({tok.memo_off_reason or 'texts are not cut at spaces'})")
+    cache = piece_cache.PieceCache.of(tok.memo.rule, tok._encode_plain_batch)
+    rng = random.Random(f"pieces-{name}")
+    texts = _texts(rng, 200)
+    for _ in range(2):  # cold, then warm
+        for i in range(0, len(texts), 7):
+            batch = texts[i:i + rng.randint(1, 7)]
+            assert cache.encode_batch(batch) == plain(tok, batch), (name, batch)
+    assert cache.hits > cache.misses > 0
+    assert cache.whole < len(texts), f"{name}: every text was encoded whole"
+
+
+def test_the_shipped_tokenizer_cuts_at_spaces_and_byte_level_ones_do_not(tokenizers):
+    shipped, qwen = tokenizers("shipped"), tokenizers("qwen")
+    assert shipped.pieces is not None and qwen.pieces is None
+    cache = shipped.pieces
+    assert cache.cuttable("Classify the text below.\n  Input: it was fine, 42 times")
+    for text in ("a▁ b", "x <s> y", "tab\there", "</s>"):  # BPE may merge the pair; an added token as text
+        assert not cache.cuttable(text), text
+        assert cache.encode_batch([text]) == plain(shipped, [text])
+
+
+def test_dropping_pieces_while_encoding_changes_no_id(tokenizers, monkeypatch):
+    tok = tokenizers("shipped")
+    monkeypatch.setattr(piece_cache, "MAX_PIECES", 50)
+    cache = piece_cache.PieceCache.of(tok.memo.rule, tok._encode_plain_batch)
+    rng = random.Random("evict")
+    texts = _texts(rng, 120)
+    dropped = False
+    for i in range(0, len(texts), 3):
+        batch = texts[i:i + 3]
+        before = len(cache._ids)
+        assert cache.encode_batch(batch) == plain(tok, batch)
+        dropped |= len(cache._ids) < before
+    assert dropped and cache.misses > 50
+
+
+def test_the_router_tokenizer_encodes_through_pieces_exactly(tokenizers):
+    tok = tokenizers("shipped")
+    rng = random.Random("router")
+    prefix = "\n".join(random_text(rng, 20) for _ in range(12))
+    texts = [prefix + random_text(rng, rng.randint(1, 30)) for _ in range(40)] + _texts(rng, 40)
+    before = tok.pieces.hits
+    assert tok.encode_batch(texts) == full(tok, texts)
+    assert tok.pieces.hits > before
