@@ -3,7 +3,7 @@ appended), the headers passed on, the fingerprint suspects are known by, and the
 
 from __future__ import annotations
 
-import uuid
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -47,7 +47,7 @@ class Attempt:
         abort_rid = None
         if endpoint in RID_ENDPOINTS:
             if client_rid is None and single_prompt(endpoint, body):
-                client_rid = abort_rid = f"sgl-moe-{uuid.uuid4().hex}"  # unique: SGLang aborts by rid prefix
+                client_rid = abort_rid = f"sgl-moe-{os.urandom(16).hex()}"  # unique: SGLang aborts by rid prefix
             elif isinstance(client_rid, str):
                 abort_rid = client_rid
             if client_rid is not None:  # appended to the bytes already made, as `body["rid"] = ...` would be

@@ -16,8 +16,8 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+import os
 import time
-import uuid
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -156,7 +156,7 @@ async def _classify(router: Router, request: web.Request) -> web.Response:
         return error_response(400, exc.message, param=exc.param)
     except RequestError as exc:
         return request_error_response(exc)
-    rid = request.headers.get("x-request-id") or uuid.uuid4().hex
+    rid = request.headers.get("x-request-id") or os.urandom(16).hex()
     pass_authorization = router.cfg.api_key is None and router.cfg.admin_api_key is None
     gate = asyncio.Semaphore(UNITS_IN_FLIGHT)
 

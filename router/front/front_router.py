@@ -16,7 +16,6 @@ import functools
 import logging
 import os
 import signal
-import uuid
 from dataclasses import dataclass
 
 import aiohttp
@@ -202,7 +201,7 @@ class FrontRouter:
         raw = await read_body(request, self.cfg)
         if isinstance(raw, web.Response):
             return raw
-        rid = request.headers.get("x-request-id") or uuid.uuid4().hex
+        rid = request.headers.get("x-request-id") or os.urandom(16).hex()
         model = self.model
         if model is None and self._model_msg is not None and self._model_msg.worker_url is not None:
             model = await self._loaded_model()

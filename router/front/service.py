@@ -12,8 +12,8 @@ import dataclasses
 import functools
 import gc
 import logging
+import os
 import time
-import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
@@ -182,7 +182,7 @@ class Router:
         raw = await read_body(request, self.cfg)
         if isinstance(raw, web.Response):
             return raw
-        rid = request.headers.get("x-request-id") or uuid.uuid4().hex
+        rid = request.headers.get("x-request-id") or os.urandom(16).hex()
         pool = self.pool
         if pool.tokenizer is None:
             return error_response(503, "no worker is registered yet; add one with POST /workers or wait for the "

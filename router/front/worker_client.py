@@ -236,26 +236,28 @@ class WorkerClient:
         closes the connection). Raises ``WorkerFailure``."""
         origin, target = self._split(url)
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + self.total_timeout_s if self.total_timeout_s else None
         data = b"".join((b"POST ", target.encode(), b" HTTP/1.1\r\nHost: ", origin.host_header, b"\r\n", self._fixed,
                          *(_header_line(k, v) for k, v in headers.items()),
                          b"Content-Length: ", str(len(body)).encode(), b"\r\n\r\n", body))
-        conn, ex = await self._send(loop, origin, data, deadline)
-        timer = loop.call_at(deadline, _time_out, ex, self.total_timeout_s) if deadline is not None else None
+        clock = _Clock(self.total_timeout_s)
+        timer = loop.call_later(self.total_timeout_s, clock.expire) if self.total_timeout_s else None
         try:
-            yield WorkerResponse(ex)
+            conn, ex = await self._send(loop, origin, data, clock)
+            try:
+                yield WorkerResponse(ex)
+            finally:
+                conn.exchange = None if conn.reusable() else conn.exchange
+                if conn.exchange is None and not self.closed:
+                    conn.idle_since = time.monotonic()
+                    self._idle.setdefault(origin, []).append(conn)
+                else:
+                    conn.close()
         finally:
             if timer is not None:
                 timer.cancel()
-            conn.exchange = None if conn.reusable() else conn.exchange
-            if conn.exchange is None and not self.closed:
-                conn.idle_since = time.monotonic()
-                self._idle.setdefault(origin, []).append(conn)
-            else:
-                conn.close()
 
     async def _send(self, loop: asyncio.AbstractEventLoop, origin: Origin, data: bytes,
-                    deadline: float | None) -> tuple[_Connection, _Exchange]:
+                    clock: _Clock) -> tuple[_Connection, _Exchange]:
         for again in (False, True):
             conn = self._checkout(origin)
             if conn is None:
@@ -266,22 +268,17 @@ class WorkerClient:
                         raise WorkerFailure(f"connection to the worker broke before it answered, and {exc}",
                                             transport=True) from None
                     raise
+            if clock.expired:
+                conn.close()
+                raise clock.failure()
             head = loop.create_future()
-            ex = conn.send(data, head)
+            ex = clock.exchange = conn.send(data, head)
             try:
-                if deadline is None:
-                    await head
-                else:
-                    async with asyncio.timeout_at(deadline):
-                        await head
+                await head
                 return conn, ex
             except _Stale:
                 conn.close()
                 continue
-            except TimeoutError:
-                conn.close()
-                raise WorkerFailure(f"TimeoutError: no answer within {self.total_timeout_s:g} s", transport=False,
-                                    timeout=True) from None
             except BaseException:
                 conn.close()
                 raise
@@ -332,11 +329,26 @@ class WorkerClient:
         self._idle.clear()
 
 
-def _time_out(ex: _Exchange, seconds: float) -> None:
-    if not ex.complete:
-        ex.fail(WorkerFailure(f"TimeoutError: no complete answer within {seconds:g} s", transport=False,
-                              timeout=True))
-        ex.conn.close()
+class _Clock:
+    """One request's total timeout: a timer's ``expire`` fails the exchange under way."""
+
+    __slots__ = ("seconds", "exchange", "expired")
+
+    def __init__(self, seconds: float | None) -> None:
+        self.seconds = seconds
+        self.exchange: _Exchange | None = None
+        self.expired = False
+
+    def failure(self) -> WorkerFailure:
+        return WorkerFailure(f"TimeoutError: no complete answer within {self.seconds:g} s", transport=False,
+                             timeout=True)
+
+    def expire(self) -> None:
+        self.expired = True
+        ex = self.exchange
+        if ex is not None and not ex.complete:
+            ex.fail(self.failure())
+            ex.conn.close()
 
 
 def _header_line(name: str, value: str) -> bytes:
