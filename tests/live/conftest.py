@@ -10,11 +10,12 @@ state).
 
 A worker start costs 35-55 s on the 2-core CI host (imports in the launcher and in SGLang's scheduler process; the
 model load and warm-up are ~2 s) plus, unless it is switched off, the start-up Θ profile (15-60 s; minutes when
-other processes keep the host busy, as it waits for a quiet host and runs again when disturbed), and 5-6 s to
+other processes keep the host busy, as it waits for a quiet host and runs again when disturbed), and 1-6 s to
 stop. So tests share workers where their flags agree, workers start and stop side by side where several are
 needed, and the ones whose tests are not about Θ skip the profile.
 """
 
+import os
 import shutil
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -64,6 +65,18 @@ WORKER_GROUPS = {
 """Each group: a function of the fixture request giving each worker's name and flags."""
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _no_crash_diagnostics_on_stop():
+    """Workers stop in ~1 s instead of 5-6 s. Stopping one signals its whole process group, so SGLang takes its
+    scheduler's exit for a crash and waits 5 s to let GPU activity settle before its crash diagnostics (a py-spy dump
+    of live schedulers, a CUDA core dump), of which a CPU worker whose scheduler is gone has none. A value set in the
+    environment wins."""
+    with pytest.MonkeyPatch.context() as mp:
+        for name in ("SGLANG_PYSPY_DUMP_BEFORE_CRASH", "SGLANG_CUDA_COREDUMP_BEFORE_CRASH"):
+            mp.setenv(name, os.environ.get(name, "0"))
+        yield
+
+
 def pytest_collection_modifyitems(config, items):
     for item in items:
         if HERE in Path(str(item.fspath)).resolve().parents:
@@ -86,7 +99,7 @@ def start_side_by_side(workers: dict[str, WorkerProcess]) -> dict[str, WorkerPro
 
 
 def stop_side_by_side(workers) -> None:
-    """Stop workers side by side: each takes 5-6 s to exit (SGLang's shutdown), so one after another adds up."""
+    """Stop workers side by side: each takes 1-6 s to exit (SGLang's shutdown), so one after another adds up."""
     with ThreadPoolExecutor(max(1, len(workers))) as pool:
         list(pool.map(WorkerProcess.stop, workers))
 
