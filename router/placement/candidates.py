@@ -143,8 +143,15 @@ def score_one(job: Job, w: Worker, groups: list[tuple[int, int]]) -> Candidate:
         if mask & bit:
             blocks = b
             break
+    lens = job.prompt_lens
+    n = lens[0]
+    prefill = len(lens) == 1 and job.max_new_tokens == 1  # ``job_cost``'s common case, inlined below
     if not blocks:
+        if prefill:
+            return Candidate(w, slot, rank, 0, (0,), w.request_overhead_flops + w.flops.request_flops(0, n))
         return Candidate(w, slot, rank, 0, (0,), job_cost(w, job, [0]))
-    page, n = w.page_size, job.prompt_lens[0]
-    cached = (min(blocks * page, ((n - 1) // page) * page),)
-    return Candidate(w, slot, rank, blocks, cached, job_cost(w, job, list(cached)))
+    page = w.page_size
+    c = min(blocks * page, ((n - 1) // page) * page)
+    if prefill:
+        return Candidate(w, slot, rank, blocks, (c,), w.request_overhead_flops + w.flops.request_flops(c, n - c))
+    return Candidate(w, slot, rank, blocks, (c,), job_cost(w, job, [c]))

@@ -27,6 +27,8 @@ _load_and_id = itemgetter(0, 1)
 
 DIRECT_GROUP = 16
 """A group of at most this many workers is searched directly rather than along the load order."""
+GROUPS_KEPT = 4096
+"""Groups (slot masks) whose workers a view remembers (forgotten all at once when full)."""
 
 
 class LoadOrder:
@@ -62,18 +64,26 @@ class LoadOrder:
         self.stale = False
         """A worker's in-flight FLOPs moved without going through ``moved``: rebuild the view."""
         self._entries: list[tuple[float, str, Worker]] = sorted((w.inflight_flops, w.id, w) for w in workers)
+        self._groups: dict[int, tuple[Worker, ...]] = {}
+        """Slot mask -> its workers (``best_in``'s groups, remembered: the view's slots never change)."""
 
     def moved(self, w: Worker, before: float) -> None:
         """``w.inflight_flops`` changed from ``before``: re-sort its entry."""
         if self.members.get(w.id) is not w:
             return
         entries = self._entries
-        i = bisect_left(entries, (before, w.id))
+        wid = w.id
+        i = bisect_left(entries, (before, wid))
         if i == len(entries) or entries[i][2] is not w:
             self.stale = True
             return
         del entries[i]
-        insort(entries, (w.inflight_flops, w.id, w))
+        entry = (w.inflight_flops, wid, w)
+        # The entry moves only one way: search only that side of where it was.
+        if entry < (before, wid):
+            insort(entries, entry, 0, i)
+        else:
+            insort(entries, entry, i)
 
     def any_admissible(self) -> bool:
         """Some worker of the view is below Θ (one Θ for all: then the least-loaded one is)."""
@@ -94,13 +104,22 @@ class LoadOrder:
         best: Worker | None = None
         best_value = 0.0
         while i < n:
-            x = entries[i][0]
+            x, wid, w = entries[i]
             if admissible and x >= theta:
                 break  # one Θ: nobody from here on is admissible
             v = value(x)
             if best is not None and v != best_value:
                 break  # values only grow along the order: no later run ties
-            j = bisect_right(entries, x, lo=i, key=_inflight)
+            j = i + 1
+            if j < n and entries[j][0] == x:
+                j = bisect_right(entries, x, lo=j, key=_inflight)
+            else:  # a run of one (the common case)
+                b = bits[wid]
+                if b & within and not b & skip and (not admissible or w.admissible):
+                    if best is None or (wid > best.id if highest_id else wid < best.id):
+                        best, best_value = w, v
+                i = j
+                continue
             for k in (range(j - 1, i - 1, -1) if highest_id else range(i, j)):
                 w = entries[k][2]
                 b = bits[w.id]
@@ -118,11 +137,18 @@ class LoadOrder:
         entries, bits = self._entries, self.bits
         n = len(entries)
         i = 0
+        theta = self.theta
         while i < n:  # the first run of equal loads holding a worker that counts
-            x = entries[i][0]
-            if x >= self.theta:
+            x, wid, w = entries[i]
+            if x >= theta:
                 return None  # one Θ: nobody from here on is admissible
-            end = bisect_right(entries, x, lo=i, key=_inflight)
+            end = i + 1
+            if end == n or entries[end][0] != x:  # a run of one (the common case)
+                if not bits[wid] & skip and w.admissible:
+                    return w
+                i = end
+                continue
+            end = bisect_right(entries, x, lo=end, key=_inflight)
             run = [e[2] for e in entries[i:end] if not bits[e[2].id] & skip and e[2].admissible]
             if run:
                 if after is not None:
@@ -139,14 +165,41 @@ class LoadOrder:
         if mask.bit_count() > DIRECT_GROUP:
             theta = self.theta
             return self.least(lambda x: x / theta, highest_id=True, within=mask, admissible=admissible)
+        if not mask & (mask - 1):  # one slot (or none): no comparison to make
+            if not mask:
+                return None
+            w = self.owner[mask.bit_length() - 1]
+            return w if not admissible or w.admissible else None
+        group = self._groups.get(mask)
+        if group is None:
+            group = self._group(mask)
+        if admissible:
+            group = [w for w in group if w.admissible]
+            if not group:
+                return None
+        # ``max`` by (-load, id): the lowest load, equal loads to the highest id (negating a float is exact, so
+        # ``-a > -b`` is ``a < b``; ids differ, so there are no ties).
+        loads = [w.inflight_flops / w.theta for w in group]
+        lowest = min(loads)
+        i = loads.index(lowest)
+        best = group[i]
+        if loads.count(lowest) > 1:
+            for j in range(i + 1, len(group)):
+                if loads[j] == lowest and group[j].id > best.id:
+                    best = group[j]
+        return best
+
+    def _group(self, mask: int) -> tuple[Worker, ...]:
+        """The workers with a slot in ``mask``, in slot order (remembered per mask: a group recurs)."""
+        groups = self._groups
+        if len(groups) >= GROUPS_KEPT:
+            groups.clear()
         owner = self.owner
-        group = []
-        while mask:
-            low = mask & -mask
-            w = owner[low.bit_length() - 1]
-            if not admissible or w.admissible:
-                group.append(w)
-            mask ^= low
-        if not group:
-            return None
-        return max(group, key=lambda w: (-(w.inflight_flops / w.theta), w.id))
+        found = []
+        m = mask
+        while m:
+            low = m & -m
+            found.append(owner[low.bit_length() - 1])
+            m ^= low
+        group = groups[mask] = tuple(found)
+        return group

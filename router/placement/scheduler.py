@@ -338,7 +338,10 @@ class Scheduler:
     def _hold_for_prefix(self, job: Job, c: Candidate) -> Candidate | None:
         """None if ``job`` should wait for blocks ``c`` only has promised; else the candidate to reserve
         (``prefix_hold.PrefixHold.check``, whose verdict this acts on)."""
-        verdict = self.holds.check(job, c, self.policy.defer_spills)
+        holds = self.holds
+        if not holds.enabled:
+            return c  # (``check``'s verdict without holds: the candidate itself, nothing to act on)
+        verdict = holds.check(job, c, self.policy.defer_spills)
         if verdict.spill_deferred:
             self.last_deferred = True
         if verdict.rescore_in is not None:
@@ -372,25 +375,29 @@ class Scheduler:
         now = self.clock()
         before = w.inflight_flops
         w.inflight_flops = before + c.cost
-        if self._view is not None:
-            self._view.moved(w, before)
+        view = self._view
+        if view is not None:
+            view.moved(w, before)
         w.note_started(now)
-        w.inflight_requests += 1
-        if w.inflight_requests > w.peak_inflight_requests:
-            w.peak_inflight_requests = w.inflight_requests
+        inflight = w.inflight_requests = w.inflight_requests + 1
+        if inflight > w.peak_inflight_requests:
+            w.peak_inflight_requests = inflight
         w.counters.requests += 1
         # Promise the blocks the target does not already hold: the matched prefix is there (committed or
         # promised by an earlier request) and stays counted through that request's promise.
-        keys = job.keys[0][c.matched_blocks:] if len(job.keys) == 1 else list(
-            dict.fromkeys(k for ks in job.keys for k in ks))
+        job_keys = job.keys
+        one = len(job_keys) == 1
+        keys = job_keys[0][c.matched_blocks:] if one else list(dict.fromkeys(k for ks in job_keys for k in ks))
         promise = self.ledger.promise(job.rid, c.slot, keys) if keys else None
-        if self.policy.homes is not None and len(job.keys) == 1 and job.keys[0]:
-            self.policy.homes.record(job.keys[0], w.id)
+        homes = self.policy.homes
+        if homes is not None and one and job_keys[0]:
+            homes.record(job_keys[0], w.id)
         decision = self._note_decision(time.perf_counter() if t0 is None else t0)
         queued = now - job.arrived
-        self.stats.dispatched += 1
+        stats = self.stats
+        stats.dispatched += 1
         if reason.startswith(SPILL_PREFIX):
-            self.stats.spills += 1
+            stats.spills += 1
         if job.future is not None:
             self.queue_wait.append(queued)
         predicted = c.cached_tokens[0] if len(c.cached_tokens) == 1 else sum(c.cached_tokens)

@@ -182,14 +182,15 @@ class Certifier:
         deepest-matching workers (``top``, all saturated) gets as light as it: none can get heavier."""
         watches = self.watches
         best_slot = first_slot(best)
+        on_room, on_lighter = watches.on_room, watches.on_lighter
         m = top
         while m:
             low = m & -m
             slot = low.bit_length() - 1
             if slot == best_slot:
-                watches.add(watches.on_room, slot, c)
+                on_room.setdefault(slot, []).append(c)
             else:
-                watches.add(watches.on_lighter, slot, (c, best))
+                on_lighter.setdefault(slot, []).append((c, best))
             m ^= low
 
     def _watch_waiting(self, c: Certificate, groups: list[tuple[int, int]], view: LoadOrder, best: Worker,

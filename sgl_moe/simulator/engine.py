@@ -109,11 +109,12 @@ class Engine:
             u = waiting[0]
             hashes = u.hashes
             n = u.tokens
-            cached = min(cache.match(hashes) * page, (n - 1) // page * page)
+            # The cached prefix (``match``, at most the full pages before the last token), locked before making
+            # room: eviction must not take the prefix it reuses.
+            blocks = cache.match_lock(hashes, (n - 1) // page)
+            cached = blocks * page
             need = n - cached
             pages = -(-need // page)
-            blocks = cached // page
-            cache.lock(hashes[:blocks])  # before making room: eviction must not take the prefix it reuses
             if not cache.reserve(pages):
                 if batch:
                     cache.unlock(hashes[:blocks])

@@ -13,6 +13,7 @@ allocates them from the same pool). Inserts and evictions are collected for the 
 from __future__ import annotations
 
 from collections import OrderedDict
+from itertools import islice
 
 
 class KVCacheModel:
@@ -44,6 +45,22 @@ class KVCacheModel:
         for h in hashes:
             if h not in locks:
                 break
+            n += 1
+        return n
+
+    def match_lock(self, hashes: list[int], limit: int) -> int:
+        """``lock`` the leading pages of ``hashes`` in the tree, at most ``limit``; returns how many (``match`` capped
+        at ``limit``, locked in the same pass)."""
+        locks, lru = self.locks, self.lru
+        get = locks.get
+        n = 0
+        for h in hashes if len(hashes) <= limit else islice(hashes, limit):
+            c = get(h)
+            if c is None:
+                break
+            if not c:
+                del lru[h]
+            locks[h] = c + 1
             n += 1
         return n
 

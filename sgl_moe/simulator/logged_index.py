@@ -32,6 +32,12 @@ class LoggedBlockIndex(BlockIndex):
         self._watched: dict[Job, int] = {}
         """Queued job -> how many of its leading blocks are in ``watch``."""
         self._matches = MatchMemo()
+        self.defer_puts = False
+        """Set by the memo while it scores a job: a match computed then is remembered (``MatchMemo.put``) only if
+        asked again or kept (``keep_last_match``: the job stayed queued) before any mutation. Most scorings place
+        their job, whose own promise then moves the tables: remembering those matches would be wasted."""
+        self._fresh_match: tuple[Sequence[int], int, list[tuple[int, int]]] | None = None
+        """The last match computed and not yet remembered (``defer_puts``), while no mutation followed it."""
 
     def watch_job(self, job: Job, upto: int) -> None:
         """Break the job's certificates when a table gains or loses any of its first ``upto`` blocks."""
@@ -65,9 +71,25 @@ class LoggedBlockIndex(BlockIndex):
             return []
         groups = self._matches.get(hashes, slots_mask)
         if groups is None:
-            groups = super().match_groups(hashes, slots_mask)
-            self._matches.put(hashes, slots_mask, groups)
+            last = self._fresh_match
+            if last is not None and last[0] is hashes and last[1] == slots_mask:
+                groups = last[2]
+                self._fresh_match = None
+                self._matches.put(hashes, slots_mask, groups)
+            else:
+                groups = super().match_groups(hashes, slots_mask)
+                if self.defer_puts:
+                    self._fresh_match = (hashes, slots_mask, groups)
+                else:
+                    self._matches.put(hashes, slots_mask, groups)
         return groups
+
+    def keep_last_match(self) -> None:
+        """Remember the last match computed if no mutation followed it (its job stays queued: asked again later)."""
+        last = self._fresh_match
+        if last is not None:
+            self._fresh_match = None
+            self._matches.put(*last)
 
     def _touched(self, slot: int, hashes: Collection[int] | None = None) -> None:
         """Break the certificates watching ``hashes``, gained or lost on ``slot`` (None: unlisted), and tell
@@ -84,6 +106,7 @@ class LoggedBlockIndex(BlockIndex):
 
     def add_target(self) -> int:
         slot = super().add_target()
+        self._fresh_match = None
         self._live.add(slot)
         self._matches.clear()
         self._touched(slot)
@@ -93,6 +116,7 @@ class LoggedBlockIndex(BlockIndex):
     # remain or while the block is committed, moves nothing.
     def store(self, slot: int, hashes: Iterable[int]) -> list[int]:
         gained = super().store(slot, hashes)
+        self._fresh_match = None
         if gained:
             self._matches.gained(gained)
             self._touched(slot, gained)
@@ -100,6 +124,7 @@ class LoggedBlockIndex(BlockIndex):
 
     def promise(self, slot: int, hashes: Iterable[int]) -> list[int]:
         gained = super().promise(slot, hashes)
+        self._fresh_match = None
         if gained:
             self._matches.gained(gained)
             self._touched(slot, gained)
@@ -107,6 +132,7 @@ class LoggedBlockIndex(BlockIndex):
 
     def remove(self, slot: int, hashes: Iterable[int]) -> list[int]:
         lost = super().remove(slot, hashes)
+        self._fresh_match = None
         if lost:
             self._matches.lost(slot)
             self._touched(slot, lost)
@@ -114,6 +140,7 @@ class LoggedBlockIndex(BlockIndex):
 
     def retire(self, slot: int, hashes: Iterable[int]) -> list[int] | None:
         dropped = super().retire(slot, hashes)  # (None: the target is gone, and its removal was reported)
+        self._fresh_match = None
         if dropped:
             self._matches.lost(slot)
             self._touched(slot, dropped)
@@ -121,6 +148,7 @@ class LoggedBlockIndex(BlockIndex):
 
     def clear_committed(self, slot: int) -> int:
         n = super().clear_committed(slot)
+        self._fresh_match = None
         self._matches.clear()
         self._touched(slot)
         self._dirty_all()
@@ -129,6 +157,7 @@ class LoggedBlockIndex(BlockIndex):
     def remove_target(self, slot: int) -> None:
         self._live.discard(slot)
         super().remove_target(slot)
+        self._fresh_match = None
         self._matches.clear()
         self._touched(slot)
         self._dirty_all()

@@ -19,12 +19,13 @@ from __future__ import annotations
 
 import heapq
 from collections import Counter
+from operator import itemgetter
 
 from sgl_moe.router.membership.worker import Worker
 from sgl_moe.router.placement.job import Job, Placement
 from sgl_moe.router.placement.load_order import LoadOrder
 from sgl_moe.router.placement.scheduler import PUMP_SCAN_LIMIT, Scheduler
-from sgl_moe.simulator.certificate import Certificate, QueueLog, Waiters, uses_ahead
+from sgl_moe.simulator.certificate import Certificate, QueueLog, Waiters
 from sgl_moe.simulator.certify import Certifier
 from sgl_moe.simulator.logged_index import LoggedBlockIndex
 from sgl_moe.simulator.room import RoomList
@@ -33,6 +34,7 @@ from sgl_moe.simulator.watch_lists import WatchLists
 __all__ = ["LoggedBlockIndex", "MemoScheduler"]
 
 INF = float("inf")
+_first = itemgetter(0)
 
 
 class MemoScheduler(Scheduler):
@@ -115,6 +117,15 @@ class MemoScheduler(Scheduler):
         self._seen_routable, self._seen_view = workers, self.view
         return found
 
+    def any_admissible(self) -> bool:
+        """``Scheduler.any_admissible`` through the view ``uniform_view`` last found (the same test, without building
+        the routable list's view again)."""
+        view = self._seen_view
+        if (view is not None and not self.scan_all and view.uniform and self.pool.routable() is self._seen_routable
+                and view is self.view and not view.stale):
+            return view.any_admissible()
+        return super().any_admissible()
+
     def reserved(self, placement: Placement) -> None:
         w = placement.worker
         if self.room is not None:
@@ -131,7 +142,7 @@ class MemoScheduler(Scheduler):
                 self.room.released(w, after)
             if self.memo:
                 self.watches.released(w, after)
-                if after < w.theta:
+                if after < w.theta and self._held_revisits:
                     revisits = self._held_revisits.pop(w.id, None)
                     if revisits:
                         self._drop_held_revisits(revisits, w)
@@ -198,18 +209,34 @@ class MemoScheduler(Scheduler):
         end = self._window_end
         deferred_jobs = self._deferred
         need_deferred = bool(deferred_jobs)
-        visit = [(n, job) for job in dirty if (n := number.get(job, INF)) <= end]
-        visit += [(number[job], job) for job in deferred_jobs]
+        get_number = number.get
+        visit = [(n, job) for job in dirty if (n := get_number(job, INF)) <= end]
         heapq.heapify(visit)
+        # The jobs with a deferred certificate, in queue order, merged with the heap as the pass goes. Once
+        # ``need_deferred`` is off, those not dirty would be skipped, and the dirty ones are in the heap too.
+        by_number = sorted([(number[job], job) for job in deferred_jobs], key=_first) if need_deferred else []
+        n_deferred = len(by_number)
+        next_deferred = 0
         self._visit, self._at = visit, 0
         placed: list[Job] = []
         waiters = self._waiters
         outer, self.ahead = self.ahead, waiters
         room: bool | None = None
         deferred = False
+        heappop = heapq.heappop
         try:
-            while visit:
-                n, job = heapq.heappop(visit)
+            while True:
+                if need_deferred and next_deferred < n_deferred:
+                    entry = by_number[next_deferred]
+                    if visit and visit[0][0] <= entry[0]:
+                        n, job = heappop(visit)
+                    else:
+                        n, job = entry
+                        next_deferred += 1
+                elif visit:
+                    n, job = heappop(visit)
+                else:
+                    break
                 if n <= self._at:
                     continue  # listed twice
                 c = certs.get(job)
@@ -254,10 +281,9 @@ class MemoScheduler(Scheduler):
         finally:
             self.ahead = outer
             self._visit = None
-        for job in placed:
-            queue.drop(job)
-            dirty.discard(job)
         if placed:  # jobs behind the window moved into it: never scored yet
+            queue.drop_all(placed)
+            dirty.difference_update(placed)
             for i in range(max(0, PUMP_SCAN_LIMIT - len(placed)), min(PUMP_SCAN_LIMIT, len(queue))):
                 job = queue[i]
                 if job not in certs:
@@ -267,9 +293,10 @@ class MemoScheduler(Scheduler):
     def _sum_changed(self, worker_id: str, n: int) -> None:
         """The waiting cost ahead for ``worker_id`` changed at queue number ``n``: the jobs behind that wait for
         it and whose answer used that sum are scored too."""
-        certs = self._certs
+        get = self._certs.get
         for job in self._waiters.behind(worker_id, n):
-            if uses_ahead(certs.get(job)):
+            c = get(job)
+            if c is None or c.ahead is not None:  # (``uses_ahead``)
                 self.mark_dirty(job)
 
     def mark_dirty(self, job: Job) -> None:
@@ -301,7 +328,15 @@ class MemoScheduler(Scheduler):
             return None
         self.scored += 1
         before, was_held = job.waiting_for, job.held
-        placement = super().try_place(job)
+        if self.memo:
+            index = self.index
+            index.defer_puts = True
+            try:
+                placement = super().try_place(job)
+            finally:
+                index.defer_puts = False
+        else:
+            placement = super().try_place(job)
         if job.held and not was_held:
             self.new_holds.append(job)
         if c is not None:
@@ -312,6 +347,8 @@ class MemoScheduler(Scheduler):
             else:
                 self._waiters.left(job, before)
         if placement is None:
+            if self.memo:
+                self.index.keep_last_match()  # (scored again later: its match is worth remembering)
             cert = self._certs[job] = self._certifier.issue(job, self.last_deferred) if self._certifier else None
             if cert is not None:
                 self.certified[cert.kind] += 1

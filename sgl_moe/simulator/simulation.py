@@ -177,9 +177,10 @@ class Simulation:
             self._outstanding -= 1
             self._last_finish = unit.finished
         self.frontend.finished(units)
+        closed = self.cfg.arrival == "closed"
         for unit in units:
             unit.hashes = unit.segments = None  # type: ignore[assignment]  # done with: free the memory
-            if self.cfg.arrival == "closed":
+            if closed:
                 self._send_next()
 
     def kv_events(self, engine: Engine, removed: list[int], stored: list[int]) -> None:

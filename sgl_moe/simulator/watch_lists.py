@@ -19,7 +19,7 @@ import heapq
 import itertools
 
 from sgl_moe.router.membership.worker import Worker
-from sgl_moe.simulator.certificate import Certificate, break_slots
+from sgl_moe.simulator.certificate import Certificate
 
 COLLECT_AT = 65536
 """Heap size at which certificates that no longer hold are dropped from it."""
@@ -75,7 +75,12 @@ class WatchLists:
     # -- events ---------------------------------------------------------------------------------
     def touched(self, slot: int) -> None:
         """A table of ``slot`` gained or lost blocks."""
-        break_slots(self.on_index, slot)
+        on_index = self.on_index
+        if on_index:
+            certs = on_index.pop(slot, None)
+            if certs:
+                for c in certs:
+                    c.dirty()
 
     def expire(self, now: float) -> None:
         expiry = self.expiry
@@ -86,9 +91,14 @@ class WatchLists:
         """A reservation on ``w`` (its in-flight FLOPs grew)."""
         full = not w.admissible
         load = w.inflight_flops
+        on_load, on_heavier = self.on_load, self.on_heavier
         for slot in w.slots.values():
-            break_slots(self.on_load, slot)
-            watching = self.on_heavier.get(slot)
+            if on_load:
+                certs = on_load.pop(slot, None)
+                if certs:
+                    for c in certs:
+                        c.dirty()
+            watching = on_heavier.get(slot)
             if watching:  # jobs for which this worker may no longer be the lightest deepest match, or has no room
                 keep = []
                 for cert, others in watching:
@@ -109,15 +119,26 @@ class WatchLists:
     def released(self, w: Worker, after: float) -> None:
         """A request of ``w`` ends: its in-flight FLOPs drop to ``after``."""
         limit = w.theta * (1 + ROOM_SLACK) + 1.0
+        on_load, on_release, on_room = self.on_load, self.on_release, self.on_room
         for slot in w.slots.values():
-            break_slots(self.on_load, slot)
-            break_slots(self.on_release, slot)
-            room = self.on_room.get(slot)
+            if on_load:
+                certs = on_load.pop(slot, None)
+                if certs:
+                    for c in certs:
+                        c.dirty()
+            if on_release:
+                certs = on_release.pop(slot, None)
+                if certs:
+                    for c in certs:
+                        c.dirty()
+            room = on_room.get(slot)
             if room:
                 if after < limit:
-                    break_slots(self.on_room, slot)
+                    del on_room[slot]
+                    for c in room:
+                        c.dirty()
                 else:
-                    self.on_room[slot] = [c for c in room if c.clean]
+                    on_room[slot] = [c for c in room if c.clean]
             held = self.on_hold_end.get(slot)
             if held:  # jobs held there: the router's test, ``inflight + duplicate <= Θ`` ends the hold
                 keep = []
@@ -131,12 +152,13 @@ class WatchLists:
             watching = self.on_lighter.get(slot)
             if watching:  # held jobs whose best may now be this worker instead
                 keep = []
-                for c, best in watching:
+                for entry in watching:
+                    c = entry[0]
                     if c.clean:
-                        if after <= best.inflight_flops:
+                        if after <= entry[1].inflight_flops:
                             c.dirty()
                         else:
-                            keep.append((c, best))
+                            keep.append(entry)
                 self.on_lighter[slot] = keep
         rule5 = self.rule5
         # Rule 5: jobs for which this worker, now lighter, may be worth spilling to (``Certificate.spill_due``;
