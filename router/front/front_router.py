@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import functools
 import logging
 import os
 import signal
@@ -28,7 +27,7 @@ from sgl_moe.router.front.arrival_order import ArrivalOrder
 from sgl_moe.router.front.attempt import PROXIED, Attempt, worker_auth_headers
 from sgl_moe.router.front.auth import auth_middleware
 from sgl_moe.router.front.forwarding import Forwarder
-from sgl_moe.router.front.intake import read_body
+from sgl_moe.router.front.intake import parse, read_body
 from sgl_moe.router.front.placement_client import OwnerGone, PlacementClient
 from sgl_moe.router.front.worker_client import WorkerClient
 from sgl_moe.router.membership.discovery import Discovery
@@ -37,7 +36,6 @@ from sgl_moe.router.membership.worker import WorkerError
 from sgl_moe.router.placement.messages import Delegate, Model, Refused
 from sgl_moe.router.request.prompt_keys import prompt_keys
 from sgl_moe.router.request.request_limits import RequestLimits
-from sgl_moe.router.request.request_parsing import parse_request
 from sgl_moe.router.request.router_tokenizer import RouterTokenizer
 from sgl_moe.wire import decode_info
 
@@ -212,10 +210,9 @@ class FrontRouter:
         ticket = self.order.ticket()
         try:
             try:
-                parse = functools.partial(parse_request, endpoint, raw, tokenizer=model.tokenizer,
-                                          served_model_name=model.model_name, context_length=model.context_length,
-                                          limits=model.limits)
-                parsed = parse() if len(raw) <= self.cfg.parse_inline_bytes else await asyncio.to_thread(parse)
+                parsed = await parse(endpoint, raw, tokenizer=model.tokenizer, served_model_name=model.model_name,
+                                     context_length=model.context_length, limits=model.limits,
+                                     inline_bytes=self.cfg.parse_inline_bytes)
             except RequestError as exc:
                 return request_error_response(exc)
             await self.order.wait_turn(ticket)

@@ -1,4 +1,5 @@
-"""Taking a request in: its body within the size and time limits, and what of it goes on to the worker.
+"""Taking a request in: its body within the size and time limits, then parsed (on the event loop, or in a
+thread when it is large).
 
 A body over ``--max-body-bytes`` is answered 413 before it is read when ``Content-Length`` says so, and as soon
 as the bytes read pass the limit otherwise (aiohttp's ``client_max_size``, set from the same flag); a body that
@@ -15,6 +16,10 @@ from aiohttp import web
 
 from sgl_moe.router.config import RouterConfig
 from sgl_moe.router.errors import error_response
+from sgl_moe.router.request.parsed_request import ParsedRequest
+from sgl_moe.router.request.request_limits import RequestLimits
+from sgl_moe.router.request.request_parsing import parse_request
+from sgl_moe.router.request.router_tokenizer import RouterTokenizer
 
 
 async def read_body(request: web.Request, cfg: RouterConfig) -> bytes | web.Response:
@@ -30,6 +35,18 @@ async def read_body(request: web.Request, cfg: RouterConfig) -> bytes | web.Resp
     except TimeoutError:
         return closing(error_response(408, f"the request body did not arrive within {cfg.body_timeout_s:g} s "
                                            "(--body-timeout-s)"))
+
+
+async def parse(endpoint: str, raw: bytes, *, tokenizer: RouterTokenizer, served_model_name: str,
+                context_length: int, limits: RequestLimits, inline_bytes: int) -> ParsedRequest:
+    """``parse_request`` of the body: inline when it is at most ``inline_bytes`` (``--parse-inline-bytes``), else
+    in a thread (the tokenizers library releases the GIL), so a large body does not hold the event loop. Raises
+    RequestError."""
+    if len(raw) <= inline_bytes:
+        return parse_request(endpoint, raw, tokenizer=tokenizer, served_model_name=served_model_name,
+                             context_length=context_length, limits=limits)
+    return await asyncio.to_thread(parse_request, endpoint, raw, tokenizer=tokenizer,
+                                   served_model_name=served_model_name, context_length=context_length, limits=limits)
 
 
 def too_large(length: int | None, cfg: RouterConfig) -> web.Response:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import functools
 import gc
 import logging
 import os
@@ -31,7 +30,7 @@ from sgl_moe.router.front.classify_route import classify
 from sgl_moe.router.front.forwarding import Forwarder
 from sgl_moe.router.front.front_processes import FrontProcesses, FrontSockets, FrontStartError
 from sgl_moe.router.front.front_router import FAILED_WORKER_HEADER, FAILURE_HEADER
-from sgl_moe.router.front.intake import read_body
+from sgl_moe.router.front.intake import parse, read_body
 from sgl_moe.router.front.metrics import RouterMetrics
 from sgl_moe.router.front.worker_client import WorkerClient
 from sgl_moe.router.membership.worker import NotAWorker, Worker, WorkerError
@@ -46,7 +45,6 @@ from sgl_moe.router.placement.scheduler import NoWorkers, QueueFull, QueueTimeou
 from sgl_moe.router.placement.suspects import Suspect, SuspectList
 from sgl_moe.router.request.parsed_request import ParsedRequest
 from sgl_moe.router.request.prompt_keys import prompt_keys
-from sgl_moe.router.request.request_parsing import parse_request
 from sgl_moe.wire import to_builtins
 
 log = logging.getLogger("sgl_moe.router")
@@ -199,10 +197,9 @@ class Router:
         pool = self.pool
         t_tok = time.perf_counter()
         try:
-            parse = functools.partial(parse_request, endpoint, raw, tokenizer=pool.tokenizer,
-                                      served_model_name=pool.model_name, context_length=pool.context_length,
-                                      limits=pool.limits)
-            parsed = parse() if len(raw) <= self.cfg.parse_inline_bytes else await asyncio.to_thread(parse)
+            parsed = await parse(endpoint, raw, tokenizer=pool.tokenizer, served_model_name=pool.model_name,
+                                 context_length=pool.context_length, limits=pool.limits,
+                                 inline_bytes=self.cfg.parse_inline_bytes)
         except RequestError as exc:
             return request_error_response(exc)
         self.metrics.tokenize_seconds.observe(time.perf_counter() - t_tok)
