@@ -54,8 +54,9 @@ def test_smallest_run_reports_router_cpu_per_request_for_every_router_and_stream
 def test_front_processes_rows_report_the_placement_owner_cpu_and_its_bound(tmp_path):
     """``--front-processes 2`` is passed to sgl_moe's router: its row has the whole tree's CPU and the owner's."""
     out = tmp_path / "fp.json"
-    proc = _run("--prompt-tokens", "50", "--shapes", "shared", "--requests", "10", "--warmup", "0",
-                "--concurrency", "2", "--repeats", "1", "--routers", "sgl_moe", "--front-processes", "1", "2",
+    # 200 requests: the owner's share (~0.1-0.2 ms each) must span several of the kernel's 10 ms CPU ticks
+    proc = _run("--prompt-tokens", "50", "--shapes", "shared", "--requests", "200", "--warmup", "0",
+                "--concurrency", "4", "--repeats", "1", "--routers", "sgl_moe", "--front-processes", "1", "2",
                 "--log-dir", str(tmp_path / "logs"), "--out", str(out))
     assert proc.returncode == 0, proc.stderr[-3000:]
     rows = {r["router"]: r for r in json.loads(out.read_text())["rows"]}

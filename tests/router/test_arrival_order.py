@@ -70,16 +70,16 @@ def setup(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Setup]:
 def test_a_small_request_does_not_overtake_a_large_one_parsed_in_a_thread(setup, monkeypatch):
     """The large body's parse is made slow (0.5 s, in its thread): the small one, parsed at once on the event
     loop, must still wait for it to be placed."""
-    import sgl_moe.router.front.service as service
+    import sgl_moe.router.front.intake as intake
 
-    parse = service.parse_request
+    parse = intake.parse_request
 
     def slow_parse(endpoint, raw, **kw):
         if len(raw) > 1000:
             time.sleep(0.5)
         return parse(endpoint, raw, **kw)
 
-    monkeypatch.setattr(service, "parse_request", slow_parse)
+    monkeypatch.setattr(intake, "parse_request", slow_parse)
     client = setup.client("ordered", parse_inline_bytes=1000)
     router = client.server.app[ROUTER]
     placed: list[str] = []
