@@ -140,7 +140,6 @@ class _Connection(asyncio.Protocol):
         self.closed = False
         self.idle_since = 0.0
         self.uses = 0
-        self._header: bytes = b""
 
     # asyncio
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
