@@ -157,23 +157,35 @@ class Scheduler:
             log.warning("rejecting %s: admission queue full (%d waiting); Retry-After %d s",
                         job.rid, len(self.queue), retry)
             raise QueueFull(len(self.queue), retry)
-        job.future = asyncio.get_running_loop().create_future()
+        loop = asyncio.get_running_loop()
+        job.future = loop.create_future()
         self.queue.append(job)
         self.stats.queued += 1
         self.pump()
+        timer = loop.call_later(self.cfg.queue_timeout_s, self._expire, job)
+        # Awaits the future itself, not ``asyncio.wait_for``: on Python 3.11 that returns the result when the
+        # waiter is cancelled in the turn its future resolves, and the cancellation is lost (a placement owner
+        # that had already handled the front's Cancel then held the reservation for good).
         try:
-            return await asyncio.wait_for(asyncio.shield(job.future), self.cfg.queue_timeout_s)
-        except (TimeoutError, asyncio.CancelledError) as exc:
+            return await job.future
+        except asyncio.CancelledError:
             if job.future.done() and not job.future.cancelled():
-                # Placed in the same instant it timed out or the client left: give the reservation back.
+                # Placed in the same instant the client left: give the reservation back.
                 self.release(job.future.result(), ok=False)
             else:
-                job.future.cancel()
                 self._drop(job)
-            if isinstance(exc, asyncio.CancelledError):
-                raise
-            self.stats.queue_timeouts += 1
-            raise QueueTimeout(f"no worker admitted the request within {self.cfg.queue_timeout_s:.0f} s") from None
+            raise
+        finally:
+            timer.cancel()
+
+    def _expire(self, job: Job) -> None:
+        """``--queue-timeout-s`` passed with ``job`` still queued: it leaves the queue with ``QueueTimeout``."""
+        if job.future is None or job.future.done():
+            return
+        self._drop(job)
+        self.stats.queue_timeouts += 1
+        job.future.set_exception(QueueTimeout(f"no worker admitted the request within "
+                                              f"{self.cfg.queue_timeout_s:.0f} s"))
 
     def release(self, placement: Placement, *, ok: bool) -> None:
         """The request ended: give back its reservation and settle its pending blocks, then pump.

@@ -11,7 +11,7 @@ from sgl_moe.router.placement.block_index import BlockIndex
 from sgl_moe.router.placement.candidates import job_cost
 from sgl_moe.router.placement.job import Job
 from sgl_moe.router.placement.pending import PendingLedger
-from sgl_moe.router.placement.scheduler import QueueFull, Scheduler
+from sgl_moe.router.placement.scheduler import QueueFull, QueueTimeout, Scheduler
 from sgl_moe.wire import SaturationInfo, WorkerInfo
 
 FLOPS = FlopsModel(linear_flops_per_token=1000.0, attn_flops_per_pair=10.0, lm_head_flops_per_token=100.0,
@@ -295,3 +295,50 @@ def test_without_pump_soon_each_release_scans_the_queue():
         return [t.result().job.rid for t in waiting if t.done()]
 
     assert asyncio.run(run()) == ["q0", "q1", "q2"]
+
+
+@pytest.mark.parametrize("turns", [0, 1, 2, 3])
+def test_a_waiter_cancelled_as_its_job_is_placed_gets_no_placement_and_the_load_is_given_back(turns):
+    """The queue places a job (its future resolved), and the waiting request is cancelled ``turns`` loop turns
+    later, before it resumes: ``acquire`` raises CancelledError and the reservation is returned, whatever
+    ``asyncio.wait_for`` does with a cancellation that races its result (Python 3.11 returns the result and
+    drops the cancellation; a placement owner that already handled the front's Cancel then held the load for
+    good)."""
+    cost = FLOPS.request_flops(0, 2 * PAGE + 1)
+    sched, pool, index = make(n=1, theta=cost * 0.5)
+    w = pool.workers["w0"]
+
+    async def run():
+        first = await sched.acquire(job("a", [1, 2]))
+        waiting = asyncio.ensure_future(sched.acquire(job("b", [3, 4])))
+        await settle()
+        assert len(sched.queue) == 1
+        sched.release(first, ok=True)  # the pump places "b" now
+        for _ in range(turns):
+            await asyncio.sleep(0)
+        if waiting.done():  # resumed already: nothing raced
+            sched.release(waiting.result(), ok=True)
+            return "placed"
+        waiting.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await waiting
+        return "cancelled"
+
+    outcome = asyncio.run(run())
+    assert outcome == "cancelled" or turns > 0
+    assert w.inflight_requests == 0 and w.inflight_flops == 0.0, (outcome, w.inflight_requests)
+
+
+def test_a_job_queued_past_the_queue_timeout_leaves_the_queue_with_queue_timeout():
+    cost = FLOPS.request_flops(0, 2 * PAGE + 1)
+    sched, pool, index = make(n=1, theta=cost * 0.5, queue_timeout_s=0.05)
+
+    async def run():
+        first = await sched.acquire(job("a", [1, 2]))
+        with pytest.raises(QueueTimeout, match="within 0 s"):
+            await sched.acquire(job("b", [3, 4]))
+        assert not sched.queue and sched.stats.queue_timeouts == 1
+        sched.release(first, ok=True)
+
+    asyncio.run(run())
+    assert pool.workers["w0"].inflight_requests == 0

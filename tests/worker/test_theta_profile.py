@@ -83,6 +83,10 @@ class _StandIn(BaseHTTPRequestHandler):
     def log_message(self, *args) -> None:
         pass
 
+    hold_scale = 1.0
+    """Times every hold (the knee test doubles it: the client's round trip between two requests, a few ms on a
+    quiet host and ~20 ms on a loaded one, idles a slot at 4 in flight and adds to the fixed cost measured)."""
+
     pool_tokens: int | None = 4096
     """What ``/get_server_info`` reports as the KV pool (None: the route says nothing, as a stub would)."""
 
@@ -115,7 +119,7 @@ class _StandIn(BaseHTTPRequestHandler):
                 _StandIn.inflight += 1
                 self.seen.append(f"generate {_StandIn.inflight}" + ("" if n == 256 else " short"))
             with _StandIn.slots:
-                time.sleep(HOLD_FIXED_S + HOLD_PER_FLOP_S * FLOPS.request_flops(0, n))
+                time.sleep(_StandIn.hold_scale * (HOLD_FIXED_S + HOLD_PER_FLOP_S * FLOPS.request_flops(0, n)))
             with _StandIn.lock:
                 _StandIn.inflight -= 1
         else:
@@ -129,6 +133,7 @@ def test_profile_finds_the_knee_reports_it_and_the_router_installs_it():
     server = _Server(("127.0.0.1", 0), _StandIn)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     _StandIn.seen = []
+    _StandIn.hold_scale = 2.0
     try:
         shape = WorkerShape(FLOPS, step_tokens=4096, context_length=4096, vocab_size=4096)
         cal = ThroughputCalibrator(f"http://127.0.0.1:{server.server_address[1]}", lambda: shape, 1.0, 120.0,
@@ -139,6 +144,7 @@ def test_profile_finds_the_knee_reports_it_and_the_router_installs_it():
         assert not cal._thread.is_alive(), "the profile did not end"
         theta = cal.current()
     finally:
+        _StandIn.hold_scale = 1.0
         server.shutdown()
     assert theta.state == "calibrated", theta.source
     assert theta.details["saturation_batch"] == 4 and theta.details["batch_sizes"] == [1, 2, 4, 8, 16]
