@@ -18,6 +18,7 @@ import httpx
 
 from sgl_moe.harness.router_client import metric
 from sgl_moe.harness.worker_process import WorkerProcess, cpu_share
+from sgl_moe.policy_bench.bench_model import MODELS, model_args
 from sgl_moe.policy_bench.driver import run_stream
 from sgl_moe.policy_bench.report import summarize, table, targets
 from sgl_moe.policy_bench.routers import OURS, POLICIES, RouterUnderTest, flush_caches, label
@@ -28,7 +29,9 @@ from sgl_moe.workloads import WORKLOADS, WorkloadConfig
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m sgl_moe.policy_bench", description=__doc__)
-    p.add_argument("--workers", type=int, default=3, help="CPU workers of the shipped model to start (default 3)")
+    p.add_argument("--workers", type=int, default=3, help="CPU workers to start (default 3)")
+    p.add_argument("--model", default="shipped", choices=MODELS,
+                   help="the started workers' model: the shipped one or the bench model (default shipped)")
     p.add_argument("--worker-urls", nargs="+", help="use these running workers instead of starting any")
     p.add_argument("--worker-args", default="", help="extra flags for started workers, one string")
     p.add_argument("--policies", nargs="+", default=list(POLICIES), choices=POLICIES)
@@ -85,8 +88,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.worker_urls:
             urls = args.worker_urls
         else:
-            print(f"starting {args.workers} workers (logs in {log_dir})", file=sys.stderr)
-            started = start_workers(args.workers, log_dir, args.worker_args.split())
+            print(f"starting {args.workers} workers of the {args.model} model (logs in {log_dir})", file=sys.stderr)
+            started = start_workers(args.workers, log_dir, [*model_args(args.model), *args.worker_args.split()])
             urls = [w.url for w in started]
         info = httpx.get(f"{urls[0]}/sgl_moe/info", timeout=30).json()
         tok = RouterTokenizer.from_files(httpx.get(f"{urls[0]}/sgl_moe/tokenizer.json", timeout=30).content,

@@ -104,6 +104,17 @@ def worker_args(path: Path) -> list[str]:
     return ["--model-path", str(path), *WORKER_ARGS]
 
 
+MODELS = ("shipped", "bench")
+"""What a benchmark's ``--model`` names: the shipped model (its real weights) or the bench model."""
+
+
+def model_args(model: str) -> list[str]:
+    """Launcher flags for a benchmark's ``--model`` (the shipped model is the launcher's default: none)."""
+    if model not in MODELS:
+        raise ValueError(f"unknown model {model!r}: one of {', '.join(MODELS)}")
+    return [] if model == "shipped" else worker_args(write_bench_model())
+
+
 # -- the step-time fit ------------------------------------------------------------------------------------------
 
 @dataclass(frozen=True)

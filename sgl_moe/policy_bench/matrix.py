@@ -23,6 +23,7 @@ from pathlib import Path
 
 import httpx
 
+from sgl_moe.policy_bench.bench_model import MODELS, model_args
 from sgl_moe.policy_bench.driver import run_open, run_stream
 from sgl_moe.policy_bench.prefix_stream import build_prefix_stream
 from sgl_moe.policy_bench.report import matrix_table, median_row, run_ratios, summarize, verdict
@@ -43,6 +44,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--scenarios", default=None, help="comma-separated scenario names (default: all)")
     p.add_argument("--routers", nargs="+", default=list(ROUTERS), choices=ROUTERS)
     p.add_argument("--workers", type=int, default=3, help="workers to start (default 3)")
+    p.add_argument("--model", default="shipped", choices=MODELS,
+                   help="the started workers' model: the shipped one, or the bench model whose step time grows with "
+                        "its tokens as a saturated GPU's does (sgl_moe.policy_bench.bench_model; default shipped)")
     p.add_argument("--worker-urls", nargs="+", help="use these running workers (started with the pool size below)")
     p.add_argument("--pool-tokens", type=int, default=None, help="each worker's KV pool in tokens (default 6144)")
     p.add_argument("--requests", type=int, default=None, help="requests per closed-loop / bulk scenario")
@@ -155,9 +159,10 @@ def main(argv: list[str] | None = None) -> int:
         else:
             from sgl_moe.policy_bench.__main__ import start_workers
 
-            print(f"starting {args.workers} workers, KV pool {sizes.pool_tokens} tokens (logs in {log_dir})",
-                  file=sys.stderr)
-            started = start_workers(args.workers, log_dir, ["--max-total-tokens", str(sizes.pool_tokens)])
+            print(f"starting {args.workers} workers of the {args.model} model, KV pool {sizes.pool_tokens} tokens "
+                  f"(logs in {log_dir})", file=sys.stderr)
+            started = start_workers(args.workers, log_dir,
+                                    [*model_args(args.model), "--max-total-tokens", str(sizes.pool_tokens)])
             urls = [w.url for w in started]
         thetas = wait_for_theta(urls)
         info = httpx.get(f"{urls[0]}/sgl_moe/info", timeout=30).json()
@@ -166,7 +171,8 @@ def main(argv: list[str] | None = None) -> int:
         result = {"smoke": args.smoke,
                   "machine": {"platform": platform.platform(), "cpus": os.cpu_count(),
                               "processor": platform.processor() or platform.machine()},
-                  "workers": len(urls), "sizes": vars(sizes), "seed": args.seed, "router_args": args.router_args,
+                  "workers": len(urls), "model": None if args.smoke or args.worker_urls else args.model,
+                  "sizes": vars(sizes), "seed": args.seed, "router_args": args.router_args,
                   "repeats": args.repeats,
                   "worker_theta": thetas, "scenarios": []}
         best_rps: dict[str, float] = {}

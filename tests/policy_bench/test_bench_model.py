@@ -11,6 +11,7 @@ from sgl_moe.policy_bench.bench_model import (
     TOKENIZER_FILES,
     BenchModelShape,
     fit,
+    model_args,
     worker_args,
     write_bench_model,
 )
@@ -43,3 +44,11 @@ def test_the_fit_recovers_a_line_and_says_the_fixed_share():
     assert f.fixed_share(500) == pytest.approx(0.5)
     with pytest.raises(ValueError):
         fit([(1, 64, 0.1), (2, 64, 0.2)])
+
+
+def test_a_benchmarks_model_flag_names_the_launcher_flags(tmp_path, monkeypatch):
+    monkeypatch.setenv("SGL_MOE_CACHE", str(tmp_path))
+    assert model_args("shipped") == []  # the launcher's default model
+    assert model_args("bench") == worker_args(write_bench_model(root=tmp_path))
+    with pytest.raises(ValueError, match="unknown model"):
+        model_args("huge")
