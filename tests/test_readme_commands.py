@@ -62,6 +62,9 @@ RUN_BY: dict[str, list[str]] = {
         "tests/simulator/test_cli.py::test_theta_sweep_shows_transfer_bound_small_theta",
         "tests/simulator/test_cli.py::test_compare_prints_errors_and_ordering",
         "tests/simulator/test_matrix.py::test_smoke_matrix_runs_every_scenario_and_writes_json_and_markdown"],
+    "python -m sgl_moe.policy_bench.bench_model": [
+        "tests/policy_bench/test_bench_model.py::"
+        "test_the_command_writes_the_directory_and_prints_its_path_and_refuses_a_bad_shape"],
     "python -m sgl_moe.simulator.fit_timing": [
         "tests/simulator/test_fit_timing.py::test_fit_recovers_the_workers_timing_and_reads_its_info"],
     "python -m sgl_moe.streaming.bench": ["tests/streaming/test_bench.py::test_tiny_benchmark_runs_every_way"],

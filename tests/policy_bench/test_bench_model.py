@@ -2,6 +2,10 @@
 ``tests/live/test_bench_model_live.py``."""
 
 import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 from transformers import AutoConfig
@@ -52,3 +56,15 @@ def test_a_benchmarks_model_flag_names_the_launcher_flags(tmp_path, monkeypatch)
     assert model_args("bench") == worker_args(write_bench_model(root=tmp_path))
     with pytest.raises(ValueError, match="unknown model"):
         model_args("huge")
+
+
+def test_the_command_writes_the_directory_and_prints_its_path_and_refuses_a_bad_shape(tmp_path):
+    env = {**os.environ, "SGL_MOE_CACHE": str(tmp_path)}
+    cmd = [sys.executable, "-m", "sgl_moe.policy_bench.bench_model"]
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert Path(done.stdout.strip()) == write_bench_model(root=tmp_path)
+    bad = subprocess.run([*cmd, "--shape", "hidden_size=wide"], env=env, capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 2 and "--shape" in bad.stderr and "Traceback" not in bad.stderr
+    unknown = subprocess.run([*cmd, "--shape", "depth=3"], env=env, capture_output=True, text=True, timeout=120)
+    assert unknown.returncode == 2 and "depth" in unknown.stderr and "Traceback" not in unknown.stderr
