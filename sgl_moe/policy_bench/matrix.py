@@ -130,7 +130,8 @@ def write(out: Path, result: dict) -> None:
     kind = "SMOKE: stand-in workers, figures mean nothing" if result["smoke"] else "real workers"
     md.write_text(
         f"# Policy matrix ({kind})\n\n"
-        f"Machine: {m['processor']}, {m['cpus']} CPUs, {m['platform']}; {result['workers']} workers; "
+        f"Machine: {m['processor']}, {m['cpus']} CPUs, {m['platform']}; {result['workers']} workers"
+        + (f" of the {result['model']} model" if result.get("model") else "") + "; "
         f"KV pool {result['sizes']['pool_tokens']} tokens per worker; seed {result['seed']}"
         + (f"; every scenario run {result['repeats']} times, routers in rotated order, medians shown and judged"
            if result.get("repeats", 1) > 1 else "") + ".\n\n"
