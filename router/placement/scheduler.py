@@ -170,8 +170,9 @@ class Scheduler:
             return await job.future
         except asyncio.CancelledError:
             if job.future.done() and not job.future.cancelled():
-                # Placed in the same instant the client left: give the reservation back.
-                self.release(job.future.result(), ok=False)
+                if job.future.exception() is None:
+                    # Placed in the same instant the client left: give the reservation back.
+                    self.release(job.future.result(), ok=False)
             else:
                 self._drop(job)
             raise

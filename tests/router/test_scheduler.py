@@ -342,3 +342,24 @@ def test_a_job_queued_past_the_queue_timeout_leaves_the_queue_with_queue_timeout
 
     asyncio.run(run())
     assert pool.workers["w0"].inflight_requests == 0
+
+
+def test_a_waiter_cancelled_as_its_job_times_out_raises_cancelled_error():
+    """The queue timeout fails the job in the turn its client leaves: the client's task ends cancelled (not with the
+    timeout's error, which nobody would read), and nothing was reserved."""
+    cost = FLOPS.request_flops(0, 2 * PAGE + 1)
+    sched, pool, index = make(n=1, theta=cost * 0.5)
+
+    async def run():
+        first = await sched.acquire(job("a", [1, 2]))
+        waiting = asyncio.ensure_future(sched.acquire(job("b", [3, 4])))
+        await settle()
+        [queued] = sched.queue
+        sched._expire(queued)  # what the queue-timeout timer does
+        waiting.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await waiting
+        sched.release(first, ok=True)
+
+    asyncio.run(run())
+    assert pool.workers["w0"].inflight_requests == 0 and pool.workers["w0"].inflight_flops == 0.0
