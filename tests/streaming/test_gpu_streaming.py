@@ -13,6 +13,8 @@ where no GPU is lent; the smoke suite does that).
 
 from __future__ import annotations
 
+import statistics
+
 import pytest
 import torch
 
@@ -28,6 +30,7 @@ pytestmark = [pytest.mark.gpu,
 cuda_only = pytest.mark.skipif(DEVICE != "cuda", reason="CUDA streams and events")
 FULL = DEVICE == "cuda"  # the CPU dry run checks this file's code on fewer cases
 LAYERS = 5
+ROUNDS = 5  # overlapped windows measured by the copy-window test
 
 
 def _model(dtype: str, layers: int = LAYERS) -> MoEStack:
@@ -116,7 +119,6 @@ def test_the_next_layers_copy_runs_inside_the_compute_window(monkeypatch):
 
     copy_s = time_cuda(copy_alone, reps=5)
     load = ComputeLoad(torch.device(DEVICE))
-    compute_s = time_cuda(lambda: load.issue(4 * copy_s), reps=3, warmup=1)
 
     marks = []
     original = streamer_module._copy
@@ -127,26 +129,30 @@ def test_the_next_layers_copy_runs_inside_the_compute_window(monkeypatch):
         marks.append(event())
 
     monkeypatch.setattr(streamer_module, "_copy", timed_copy)
-    s = WeightStreamer(store, StreamConfig(mode="host", window=2, first_layer_resident=False), DEVICE)
-    try:
-        torch.cuda.synchronize()
-        marks.clear()  # the initial fills of slots 0 and 1
-        w0 = s.acquire(0)
-        w0.w13.float().sum()  # layer 0's last read of its slot
-        read_done = event()
-        s.release(0)  # queues layer 2's copy into slot 0, after that read
-        s.acquire(1)
-        start = event()
-        load.issue(4 * copy_s)  # layer 1's compute
-        end = event()
-        torch.cuda.synchronize()
-        assert len(marks) == 2, "release(0) should have issued exactly one copy"
-        copy_start, copy_end = marks
-        assert read_done.elapsed_time(copy_start) >= 0, "the copy overwrote a slot its last reader had not finished"
-        assert copy_end.elapsed_time(end) > 0, "the copy did not end inside the compute window"
-        assert start.elapsed_time(copy_end) > 0, "the copy ended before the compute started: nothing overlapped"
-        window_s = start.elapsed_time(end) / 1e3
-        # Serially the window would be compute + copy; overlapped it stays near the compute alone.
-        assert window_s < compute_s + 0.5 * copy_s, (window_s, compute_s, copy_s)
-    finally:
-        s.close()
+    added = []  # the window's growth over the compute alone, as a share of the copy, per round
+    for _ in range(ROUNDS):
+        compute_s = time_cuda(lambda: load.issue(4 * copy_s), reps=3, warmup=1)
+        s = WeightStreamer(store, StreamConfig(mode="host", window=2, first_layer_resident=False), DEVICE)
+        try:
+            torch.cuda.synchronize()
+            marks.clear()  # the initial fills of slots 0 and 1
+            w0 = s.acquire(0)
+            w0.w13.float().sum()  # layer 0's last read of its slot
+            read_done = event()
+            s.release(0)  # queues layer 2's copy into slot 0, after that read
+            s.acquire(1)
+            start = event()
+            load.issue(4 * copy_s)  # layer 1's compute
+            end = event()
+            torch.cuda.synchronize()
+            assert len(marks) == 2, "release(0) should have issued exactly one copy"
+            copy_start, copy_end = marks
+            assert read_done.elapsed_time(copy_start) >= 0, "the copy overwrote a slot its last reader had not finished"
+            assert copy_end.elapsed_time(end) > 0, "the copy did not end inside the compute window"
+            assert start.elapsed_time(copy_end) > 0, "the copy ended before the compute started: nothing overlapped"
+            added.append((start.elapsed_time(end) / 1e3 - compute_s) / copy_s)
+        finally:
+            s.close()
+    # Serially the window would be compute + copy (added 1.0); overlapped it stays near the compute alone. The
+    # median of several rounds: one round on an H100 once added 0.54 where eight others added 0.01-0.15.
+    assert statistics.median(added) < 0.5, added
