@@ -95,6 +95,11 @@ class RouterConfig:
     """Fixed work of one request (FLOPs) for every worker, overriding what each measured. Workers of one kind
     measure slightly different values; pinned with ``saturation_flops``, they cost every job alike, so placement
     takes the load-ordered fast path instead of scoring every worker."""
+    pool_calibrations: bool = True
+    """Workers of one kind (model, FLOPs constants, device, DP ranks, step size, ``--moe-*`` flags) share one Θ and
+    one request overhead: the median of their start-up calibrations (``calibration_pool``). A compute-bound
+    worker's profile is flat, so its knee is noise: three identical CPU workers measured Θ 3x apart, and the one
+    with the smallest sat idle. ``--no-pool-calibrations``: each worker keeps its own."""
     queue_size: int = 4096
     """Requests that may wait for admission; beyond it the router answers 429 with Retry-After."""
     queue_timeout_s: float = 300.0

@@ -19,6 +19,7 @@ import aiohttp
 
 from sgl_moe.kv_event_keys import load_client_keys
 from sgl_moe.router.config import RouterConfig
+from sgl_moe.router.membership import calibration_pool
 from sgl_moe.router.membership.discovery import Discovery, check_compatible
 from sgl_moe.router.membership.event_sink import KvEventSink
 from sgl_moe.router.membership.health import HealthMonitor
@@ -198,12 +199,24 @@ class WorkerPool:
             worker.slots[rank] = slot
             self._slot_owner[slot] = worker
         self.workers[worker.id] = worker
+        self.pool_calibrations()
         return worker
 
     def install(self, worker: Worker, info: WorkerInfo) -> None:
         """Install the worker's latest info and its Θ (``Worker.install``, with the router's pins), and count it."""
         worker.install(info, self.cfg.saturation_flops, self.cfg.request_overhead_flops)
         self.installs += 1
+        self.pool_calibrations()
+
+    def pool_calibrations(self) -> None:
+        """Workers of one kind share the median of their calibrations (``calibration_pool``); after every install
+        and removal, since each changes a kind's samples."""
+        if not self.cfg.pool_calibrations:
+            return
+        changed = calibration_pool.pool(self.workers.values(), theta_pinned=self.cfg.saturation_flops is not None,
+                                        overhead_pinned=self.cfg.request_overhead_flops is not None)
+        if changed:
+            self.installs += 1  # a Θ or a request overhead changed: load-ordered views are rebuilt
 
     async def remove(self, worker_id: str) -> Worker:
         worker = self.workers.pop(worker_id, None)
@@ -217,6 +230,7 @@ class WorkerPool:
             self._slot_owner.pop(slot, None)
             log.info("removed worker %s: purged %d committed and %d pending blocks", worker.id, committed, pending)
         worker.state = "removed"
+        self.pool_calibrations()
         if not self.workers:
             self._reference = None
             self.tokenizer = None

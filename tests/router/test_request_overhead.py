@@ -105,7 +105,7 @@ def test_a_new_theta_or_overhead_rebuilds_the_load_ordered_view():
             pool.admit(f"http://w{i}", replace(INFO, saturation=SaturationInfo(1e6, "profile", "calibrated")))
         return pool, Scheduler(config, pool, index, ledger, clock=Clock()), pool.routable()
 
-    pool, sched, workers = two_workers()
+    pool, sched, workers = two_workers(pool_calibrations=False)  # each worker keeps its own measurements
     first = sched.uniform_view(workers)
     assert first is not None and sched.uniform_view(workers) is first
     info = replace(INFO, saturation=SaturationInfo(5e6, "profile", "calibrated", request_overhead_flops=FULL))
@@ -124,6 +124,12 @@ def test_a_new_theta_or_overhead_rebuilds_the_load_ordered_view():
     view = sched.uniform_view(workers)
     assert view is not None and view is not first and {w.request_overhead_flops for w in workers} == {1e5}
     assert workers[0].info.saturation.request_overhead_flops == 0.0  # the measurement itself is kept
+    # Pooled (the default): workers of one kind share the median of what they measured, so again one cost model.
+    pool, sched, workers = two_workers()
+    pool.install(workers[0], measured_none)
+    pool.install(workers[1], info)
+    view = sched.uniform_view(workers)
+    assert view is not None and {w.request_overhead_flops for w in workers} == {FULL / 2}
 
 
 def test_pinned_overhead_must_not_be_negative():
