@@ -13,11 +13,17 @@ and, when weight transfers must be hidden, at least the transfer time of one for
   2,048 tokens, uncached vs cached); ``python -m sgl_moe.simulator.fit_timing`` measures a running worker
   and writes a JSON that replaces them. ``context_token_s`` is the CPU attention backend's cost of
   gathering the cached KV of a request: a fully cached 2,048-token prompt takes twice a 1,024-token one.
-* ``h100_30b``: Qwen3-30B-A3B-like (bf16) on one H100, from ``/work/shared/notes/physics.md``: FLOPs per
-  token and per pair from the model's config (``FlopsModel``), executed at ``MFU`` of the 989 TFLOP/s bf16
-  peak; expert transfers per MoE layer (all but the first, which every GPU keeps) of 2.9 ms over
-  NVLink (all-gather across 8 GPUs) or 22.8 ms over PCIe (whole layer from host memory at 53 GB/s).
-  Assumed, not measured: the MFU, the per-step and per-request overheads and the KV capacity.
+* ``h100_30b``: Qwen3-30B-A3B-like (bf16) on one H100: FLOPs per token and per pair from the model's config
+  (``FlopsModel``), executed at ``MFU`` of the 989 TFLOP/s bf16 peak, plus a fixed ``H100_LAYER_FIXED_S`` per layer
+  and step; expert transfers per MoE layer (all but the first, which every GPU keeps) of 2.9 ms over NVLink
+  (all-gather across 8 GPUs, physics.md) or ``PCIE_LAYER_S`` over PCIe (whole layer from pinned host memory).
+  Measured on one H100 by the GPU suite (benchmarks/results/gpu/2026-11-26-h100/streaming_bench.json: the
+  project's torch MoE stack at Qwen3-30B-A3B layer shapes, 8 layers, 4,096-token sequences, resident weights):
+  a forward of T tokens took 3.74 ms + 4.11 µs·T (4k-128k tokens, within 2%), i.e. per layer 0.47 ms fixed
+  (about one read of the layer's 1.21 GB of experts from HBM: 0.42 ms at 2.9 TB/s) and a marginal 29% of peak;
+  one layer's experts copied from pinned memory in 22.0 ms. Until then the model assumed MFU 0.40, 1.5 ms per
+  step and 22.8 ms per layer. Still assumed: the NVLink gather, the per-request overhead and the KV capacity;
+  the measured stack is the project's torch reference (grouped GEMM, SDPA), not SGLang's fused kernels.
 """
 
 from __future__ import annotations
@@ -37,12 +43,17 @@ Transfer = Literal["none", "nvlink", "pcie"]
 
 H100_BF16_PEAK = 989e12
 """FLOP/s, dense bf16 tensor peak of an H100 SXM (physics.md)."""
-MFU = 0.40
-"""Assumed model FLOPs utilisation of an H100 on large prefill batches (the seed reports 30–36% overall)."""
+MFU = 0.29
+"""Model FLOPs utilisation of an H100 per added prefill token: measured 0.290 (the slope of a forward's time over
+4k-128k tokens, GPU suite 2026-11-26; the seed reports 30-36% overall). Was an assumed 0.40."""
+H100_LAYER_FIXED_S = 0.467e-3
+"""A forward's fixed time per layer on an H100 (the intercept of the same fit; ~ one HBM read of the layer's
+experts). Was an assumed 1.5 ms per step for all 48 layers, a fifteenth of what reading the weights takes."""
 NVLINK_LAYER_S = 2.9e-3
-"""All-gather of one MoE layer's experts across 8 GPUs over NVLink (physics.md)."""
-PCIE_LAYER_S = 22.8e-3
-"""Copy of one MoE layer's experts (1.21 GB) from pinned host memory at 53 GB/s (physics.md)."""
+"""All-gather of one MoE layer's experts across 8 GPUs over NVLink (physics.md; not measured: one GPU lent)."""
+PCIE_LAYER_S = 22.04e-3
+"""Copy of one MoE layer's experts (1.21 GB) from pinned host memory: measured 22.04 ms (54.8 GB/s) on an H100
+(GPU suite 2026-11-26); physics.md's estimate was 22.8 ms."""
 
 QWEN3_30B_A3B: dict[str, Any] = {
     "hidden_size": 2048, "num_hidden_layers": 48, "num_attention_heads": 32, "num_key_value_heads": 4,
@@ -171,7 +182,7 @@ def h100_30b(mfu: float = MFU) -> Calibration:
     transferred_layers = flops.num_moe_layers - 1
     # KV: 48 layers x 4 KV heads x 128 x (K, V) x 2 bytes = 96 KiB per token. With experts sharded over
     # 8 GPUs and a few layers staged, ~13 GB of weights stay resident; ~47 GB of the 80 GB hold KV.
-    return Calibration(name="h100_30b", flops=flops, step_s=1.5e-3,
+    return Calibration(name="h100_30b", flops=flops, step_s=flops.num_layers * H100_LAYER_FIXED_S,
                        request_s=20e-6 + flops.lm_head_flops_per_token / rate,
                        token_s=flops.linear_flops_per_token / rate, pair_s=flops.attn_flops_per_pair / rate,
                        step_tokens=16384, cache_tokens=480_000, nvlink_transfer_s=transferred_layers * NVLINK_LAYER_S,
