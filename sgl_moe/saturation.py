@@ -67,9 +67,17 @@ def calibrated(layers: list[dict[str, float]], f_ref: float, tokens: int, margin
     )
 
 
-KNEE_FRACTION = 0.95
-"""Throughput profile: Θ is the least work in flight that reaches this share of the best FLOPs/s measured
-(a prefill-only server is judged by throughput: Θ gives up at most 5% of the best for shorter queues)."""
+KNEE_FRACTION = 0.85
+"""Throughput profile: Θ is the least work in flight that reaches this share of the best FLOPs/s measured.
+
+Was 0.95 until 2026-11-26. One level's FLOPs/s varies by up to ~10% between profiles of identical workers on the
+2-core VM (a level measured 6% and 8% slower than the level before in 2 of 9 bench-model profiles), so a 95% knee
+could not tell a flat curve from a rising one: compute-bound bench-model workers, whose FLOPs/s moved 53-79 GFLOP/s
+over 1-8 requests in flight with no trend, profiled knees of 1, 2, 4 and 8 requests. At 85% all nine profiles give
+1, and the shipped model's nine (FLOPs/s 1.64-2.32x from 1 to 8 in flight) keep their knee at 8. A smaller Θ on a
+flat curve costs no throughput and keeps work in the router's queue, where placement sees more: Θ pinned at one request
+gave lbm 1.29x / 0.96x / 1.04x `cache_aware` where the pooled 4 gave 1.22x / 0.92x / 0.96x (bulk / closed Zipf /
+closed uniform, benchmarks/results/router/matrix-3scen-bench-model-pooled-theta1req-c73f1a4.md)."""
 UNSATURATED_FACTOR = 2
 """Throughput profile: when throughput still grows at the largest level profiled (the KV pool holds no more
 of the profile's prompts), Θ is this many times that level's work rather than that level's."""
