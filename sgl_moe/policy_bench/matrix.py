@@ -1,12 +1,14 @@
 """``python -m sgl_moe.policy_bench --matrix``: every scenario of ``scenarios.MATRIX``, every router side by side.
 
 Per scenario: build its seeded stream, then for each router (sgl_moe ``longest_block_match``, sglang-router
-``cache_aware``, sgl_moe ``round_robin``) flush the workers' caches, start the router fresh, offer the
-stream (closed loop, open loop or bulk), stop the router. ``--repeats N`` runs every scenario N times, the
-routers' order rotated each time (none always runs first, or after the same one), and judges the median of
-each figure; every run's figures stay in the JSON. Results are written after every scenario (JSON
-and a Markdown table) so a cut-short run keeps what it measured. ``--smoke`` runs the same machinery at a
-tiny size against stand-in HTTP workers (``standin``): seconds, for CI; its figures mean nothing.
+``cache_aware``, sgl_moe ``round_robin``) flush the workers' caches, start the router fresh, send it a warm-up
+(``WARMUP_REQUESTS`` prompts as long as the stream's first ones, sharing no prefix with it), flush again, offer the
+stream (closed loop, open loop or bulk), stop the router. Every router's run thus starts on workers and a router
+that have just served requests: the first run after the workers' start-up ran up to 36% slower. ``--repeats N`` runs
+every scenario N times, the routers' order rotated each time (none always runs first, or after the same one), and
+judges the median of each figure; every run's figures stay in the JSON. Results are written after every scenario
+(JSON and a Markdown table) so a cut-short run keeps what it measured. ``--smoke`` runs the same machinery at a tiny
+size against stand-in HTTP workers (``standin``): seconds, for CI; its figures mean nothing.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import asyncio
 import json
 import os
 import platform
+import random
 import sys
 import tempfile
 import time
@@ -32,6 +35,9 @@ from sgl_moe.policy_bench.scenarios import SMOKE, Scenario, Sizes, select
 from sgl_moe.policy_bench.stream import StreamUnit, build_stream, oracle_cached_tokens
 from sgl_moe.router.request.router_tokenizer import RouterTokenizer
 from sgl_moe.workloads import WORKLOADS, WorkloadConfig
+
+WARMUP_REQUESTS = 6
+"""Unmeasured requests each router serves before its measured run (``warmup_units``)."""
 
 ROUTERS = ("longest_block_match", "cache_aware", "round_robin")
 """sgl_moe's default policy, sglang-router's cache_aware, and round robin (sgl_moe's, with Θ admission)."""
@@ -94,6 +100,24 @@ def wait_for_theta(urls: list[str], timeout: float = 300.0) -> list[dict]:
         time.sleep(1.0)
 
 
+def warmup_units(units: list[StreamUnit], seed: int, n: int = WARMUP_REQUESTS) -> list[StreamUnit]:
+    """``n`` prompts as long as the stream's first ones (their words shuffled behind a unique head): they share
+    no prefix with the stream or with each other, so the measured run's reuse starts from nothing."""
+    rng = random.Random(seed)
+    out = []
+    for i, u in enumerate(units[:n]):
+        words = u.text.split()
+        rng.shuffle(words)
+        out.append(StreamUnit(f"warmup-{i}", "warmup", f"warm-up {i} {rng.getrandbits(64):x}: " + " ".join(words),
+                              u.prompt_tokens))
+    return out
+
+
+def _counters_since(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
+    """The router's cumulative counters over the measured run only (the warm-up's subtracted)."""
+    return {k: v - before.get(k, 0.0) for k, v in after.items()}
+
+
 def run_one(sc: Scenario, policy: str, urls: list[str], units: list[StreamUnit], sizes: Sizes, rate: float | None,
             seed: int, log_dir: Path, router_args: list[str], progress: bool, run: int = 1) -> tuple[list, float, dict]:
     extra = router_args if policy != "cache_aware" else []
@@ -101,8 +125,14 @@ def run_one(sc: Scenario, policy: str, urls: list[str], units: list[StreamUnit],
     router = RouterUnderTest(policy, urls, log_dir / f"{name}.log", extra_args=extra)
     flush_caches(urls)
     router.start()
-    flush_caches(urls)  # also drops what a readiness probe may have cached
     try:
+        asyncio.run(run_stream(router.url, warmup_units(units, seed + run), min(4, WARMUP_REQUESTS), progress=False))
+        flush_caches(urls)  # the warm-up's prompts (and what a readiness probe may have cached) leave the workers
+        before = {}
+        if policy != "cache_aware":
+            from sgl_moe.policy_bench.__main__ import router_stats
+
+            before = router_stats(router)
         cpu0, load0 = router.cpu_seconds(), os.getloadavg()[0]
         if sc.arrival == "open":
             records, wall = asyncio.run(run_open(router.url, units, rate, seed, progress=progress))
@@ -115,9 +145,7 @@ def run_one(sc: Scenario, policy: str, urls: list[str], units: list[StreamUnit],
                  "table_sync_s": router.sync_seconds,
                  "loadavg_1m_start": load0, "loadavg_1m_end": os.getloadavg()[0]}
         if policy != "cache_aware":
-            from sgl_moe.policy_bench.__main__ import router_stats
-
-            stats.update(router_stats(router))
+            stats.update(_counters_since(before, router_stats(router)))
         return records, wall, stats
     finally:
         router.stop()

@@ -14,6 +14,7 @@ from sgl_moe.policy_bench import matrix
 from sgl_moe.policy_bench.prefix_stream import PrefixStreamConfig, build_prefix_stream
 from sgl_moe.policy_bench.report import matrix_table, median_row, run_ratios, verdict
 from sgl_moe.policy_bench.scenarios import MATRIX, Sizes, select
+from sgl_moe.policy_bench.stream import StreamUnit
 from sgl_moe.router.request.router_tokenizer import RouterTokenizer
 
 
@@ -148,3 +149,15 @@ def test_smoke_matrix_runs_every_router_and_arrival(tmp_path, capsys):
     assert any(r["cached_fraction"] > 0 for sc in result["scenarios"] for r in sc["results"])
     md = out.with_suffix(".md").read_text()
     assert "SMOKE" in md and "| bulk-zipf-bounded | sgl_moe longest_block_match |" in md
+
+
+def test_the_warm_up_shares_no_prefix_with_the_stream_or_itself():
+    shared = "You are a careful moderator. Decide whether the message below breaks the rules. " * 3
+    units = [StreamUnit(f"t{i}", "w", shared + f"message {i}", 60 + i) for i in range(10)]
+    warm = matrix.warmup_units(units, seed=1)
+    assert len(warm) == matrix.WARMUP_REQUESTS and [w.prompt_tokens for w in warm] == [u.prompt_tokens for u in
+                                                                                       units[:len(warm)]]
+    heads = {w.text[:40] for w in warm}
+    assert len(heads) == len(warm) and not any(u.text.startswith(w.text[:12]) for u in units for w in warm)
+    assert sorted(warm[0].text.split(": ", 1)[1].split()) == sorted(units[0].text.split())  # same words, shuffled
+    assert matrix.warmup_units(units, seed=1) == warm and matrix.warmup_units(units, seed=2) != warm
