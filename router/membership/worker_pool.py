@@ -67,6 +67,7 @@ class WorkerPool:
         self._adding: set[str] = set()
         self.tokenizer_mismatches = 0
         """Workers whose own ids differed from the router's on the probe set (``tokenizer_probe``)."""
+        self._closing = False
         self.installs = 0
         """Infos installed on this pool's workers, joins included (``admit``, ``install``): a Θ or a request
         overhead may have changed since, so a load-ordered view built before the latest is rebuilt
@@ -211,7 +212,7 @@ class WorkerPool:
     def pool_calibrations(self) -> None:
         """Workers of one kind share the median of their calibrations (``calibration_pool``); after every install
         and removal, since each changes a kind's samples."""
-        if not self.cfg.pool_calibrations:
+        if not self.cfg.pool_calibrations or self._closing:
             return
         changed = calibration_pool.pool(self.workers.values(), theta_pinned=self.cfg.saturation_flops is not None,
                                         overhead_pinned=self.cfg.request_overhead_flops is not None)
@@ -245,6 +246,7 @@ class WorkerPool:
                              max_grammar_depth=c.max_grammar_depth)
 
     async def close(self) -> None:
+        self._closing = True  # no re-pooling of calibrations as the workers leave one by one
         for worker_id in list(self.workers):
             await self.remove(worker_id)
 
