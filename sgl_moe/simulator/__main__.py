@@ -4,6 +4,8 @@
         --policies all --out sim.json
     python -m sgl_moe.simulator --theta-sweep --workers 8 --requests 100000 --transfer nvlink
     python -m sgl_moe.simulator --compare BENCH.json [--calibration cpu_tiny | calibration.json]
+    python -m sgl_moe.simulator --compare MATRIX.json --calibration calibration.json --out replay.json
+        # a live policy matrix replayed scenario by scenario (live_replay); --out also gets a .md table
     python -m sgl_moe.simulator --matrix [--matrix-size smoke] [--scenarios a,b] \\
         --out benchmarks/results/simulator/matrix.json     # also writes matrix.md
 """
@@ -18,6 +20,7 @@ from dataclasses import asdict, fields, replace
 from pathlib import Path
 
 from sgl_moe.cli_args import add_dataclass_args
+from sgl_moe.simulator import live_replay
 from sgl_moe.simulator.experiments import compare_bench, compare_policies, compare_table, sweep_table, theta_sweep
 from sgl_moe.simulator.matrix import MATRIX_POLICIES, markdown, run_matrix, summary
 from sgl_moe.simulator.report import machine, table
@@ -45,7 +48,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--theta-sweep", action="store_true", help="throughput vs Θ with transfers to hide (Fig. 10)")
     p.add_argument("--theta-factors", type=float, nargs="+", default=[0.125, 0.25, 0.5, 1.0, 2.0, 4.0],
                    help="Θ / Θ* values of the sweep")
-    p.add_argument("--compare", type=Path, metavar="BENCH.json", help="simulate the CPU benchmark's stream and compare")
+    p.add_argument("--compare", type=Path, metavar="BENCH.json",
+                   help="simulate the CPU benchmark's stream and compare; a live policy matrix (policy_bench --matrix "
+                        "JSON) is replayed scenario by scenario and needs --calibration")
     p.add_argument("--matrix", action="store_true",
                    help="the scenario matrix (closed / open 50-80-95%% / bulk; Zipf, uniform, Table-2 mix; KV pools "
                         "bounded and unbounded), every policy side by side; --out also gets a .md table")
@@ -65,6 +70,10 @@ def parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     try:
+        bench = json.loads(args.compare.read_text()) if args.compare else None
+        if isinstance(bench, dict) and "scenarios" in bench and not args.calibration:
+            raise ValueError("replaying a live matrix needs --calibration: python -m sgl_moe.simulator.fit_timing's "
+                             "JSON of one of its workers")
         cal = load(args.calibration or ("cpu_tiny" if args.compare else "h100_30b"))
         if sum((args.matrix, args.theta_sweep, args.compare is not None)) > 1:
             raise ValueError("choose one of --matrix, --theta-sweep and --compare")
@@ -79,7 +88,7 @@ def main(argv: list[str] | None = None) -> int:
         names = WORKLOADS if args.workloads == "mix" else tuple(args.workloads.split(","))
         stream = WorkloadConfig(workloads=names, requests=args.requests, length_scale=args.length_scale,
                                 max_context=args.max_context, seed=args.seed)
-    except ValueError as exc:
+    except (ValueError, OSError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     progress = lambda s: print(s, file=sys.stderr, flush=True)  # noqa: E731
@@ -106,8 +115,19 @@ def main(argv: list[str] | None = None) -> int:
 
         entries = run_matrix(cal, base, args.workers, scenarios, policies, sizes, progress, write)
         print(markdown(entries, title))
+    elif isinstance(bench, dict) and "scenarios" in bench:
+        title = f"Live matrix {args.compare.name} replayed in the simulator"
+        try:
+            result = live_replay.replay_matrix(bench, cal, base, select_names(args.scenarios), progress)
+        except (KeyError, ValueError) as exc:
+            print(f"error: {args.compare} is not a policy matrix this replay reads: {exc}", file=sys.stderr)
+            return 2
+        print(live_replay.markdown(result, title))
+        out["replay"] = result
+        if args.out:
+            args.out.with_suffix(".md").write_text(live_replay.markdown(result, title))
     elif args.compare:
-        result = compare_bench(json.loads(args.compare.read_text()), cal, base, progress)
+        result = compare_bench(bench, cal, base, progress)
         print(compare_table(result))
         out["compare"] = result
     elif args.theta_sweep:
@@ -131,6 +151,10 @@ def main(argv: list[str] | None = None) -> int:
         args.out.write_text(json.dumps(out, indent=2, default=str))
         progress(f"wrote {args.out}")
     return 0
+
+
+def select_names(names: str | None) -> list[str] | None:
+    return [n.strip() for n in names.split(",") if n.strip()] if names else None
 
 
 if __name__ == "__main__":

@@ -1,9 +1,12 @@
 """``python -m sgl_moe.simulator.fit_timing --worker-url URL``: time a running worker, fit the simulator's model.
 
 A few ``/generate`` calls (one output token) with random token ids: prompts of several lengths sent
-cold, then again (cached but the last page), then with half of them cached; and one burst of short
+cold, then again (cached but the last page), then with half of them cached; one burst of short
 prompts sent together, which SGLang batches into one step (it separates the per-step from the
-per-request cost). Each call's wall time is fitted, by least squares with non-negative terms, to
+per-request cost); and bursts of 1, 2, 4, 8 prompts of the policy matrix's shape (``--shape PREFIX
+SUFFIX``, default 256 + 32 tokens) sent together, first cold, then each with its own prefix cached: the
+steps the matrix's workers run. Each call's wall time is fitted, by least squares with non-negative terms
+over relative errors (a 60 ms step weighs as much as a 2 s one), to
 
     step_s x steps + request_s x requests + token_s x computed + pair_s x attention pairs
     + context_token_s x (cached + computed)
@@ -35,6 +38,10 @@ from sgl_moe.simulator.timing_model import cpu_tiny
 LENGTHS = (64, 256, 1024, 2048)
 BURST = 8
 """Short prompts sent together to separate the per-step from the per-request cost."""
+SHAPE = (256, 32)
+"""Prefix and suffix tokens of the shaped bursts: ``policy_bench``'s matrix (``scenarios.Sizes``)."""
+SHAPED_BURSTS = (1, 2, 4, 8)
+"""Prompts per shaped burst: the batches the matrix's workers run (1-12 requests per step)."""
 TERMS = ("step_s", "request_s", "token_s", "pair_s", "context_token_s")
 
 
@@ -67,8 +74,18 @@ def _point(n: int, cached: int, seconds: float, label: str, requests: int = 1) -
                        label)
 
 
+def _burst(client: httpx.Client, url: str, prompts: list[list[int]],
+           clock: Callable[[], float]) -> tuple[float, int]:
+    """Send ``prompts`` together; wall time of the whole burst and the fewest cached tokens any reported."""
+    t0 = clock()
+    with ThreadPoolExecutor(len(prompts)) as pool:
+        answers = list(pool.map(lambda ids: _one(client, url, ids, clock), prompts))
+    return clock() - t0, min(cached for _, cached in answers)
+
+
 def measure(client: httpx.Client, url: str, *, lengths: Sequence[int] = LENGTHS, repeats: int = 3, burst: int = BURST,
-            vocab: int = 4096, seed: int = 0, clock: Callable[[], float] = time.perf_counter) -> list[Measurement]:
+            shape: tuple[int, int] = SHAPE, shaped_bursts: Sequence[int] = SHAPED_BURSTS, vocab: int = 4096,
+            seed: int = 0, clock: Callable[[], float] = time.perf_counter) -> list[Measurement]:
     """Timed ``/generate`` calls against the worker at ``url`` (see the module docstring)."""
     rng = random.Random(seed)
 
@@ -89,22 +106,26 @@ def measure(client: httpx.Client, url: str, *, lengths: Sequence[int] = LENGTHS,
             seconds, cached = _one(client, url, half, clock)
             out.append(_point(n, cached, seconds, f"half-cached {n}"))
         if burst:
-            prompts = [fresh(32) for _ in range(burst)]
-            t0 = clock()
-            with ThreadPoolExecutor(burst) as pool:
-                list(pool.map(lambda ids: _one(client, url, ids, clock), prompts))
-            out.append(_point(32, 0, clock() - t0, f"burst {burst}x32", requests=burst))
+            seconds, _ = _burst(client, url, [fresh(32) for _ in range(burst)], clock)
+            out.append(_point(32, 0, seconds, f"burst {burst}x32", requests=burst))
+        prefix, suffix = shape
+        for k in shaped_bursts:
+            prompts = [fresh(prefix + suffix) for _ in range(k)]
+            seconds, cached = _burst(client, url, prompts, clock)
+            out.append(_point(prefix + suffix, cached, seconds, f"cold burst {k}x{prefix + suffix}", requests=k))
+            seconds, cached = _burst(client, url, [ids[:prefix] + fresh(suffix) for ids in prompts], clock)
+            out.append(_point(prefix + suffix, cached, seconds, f"cached burst {k}x{prefix}+{suffix}", requests=k))
     return out
 
 
 def fit(points: Sequence[Measurement]) -> tuple[dict[str, float], float]:
-    """Non-negative least squares over ``TERMS`` (drop the most negative term, refit); returns the
-    coefficients and the largest relative error of the fit on the points."""
+    """Non-negative least squares over ``TERMS`` of the relative errors (each point's row divided by its time; drop
+    the most negative term, refit); returns the coefficients and the largest relative error on the points."""
     a = np.array([p.terms() for p in points], dtype=float)
     y = np.array([p.seconds for p in points], dtype=float)
     active = list(range(len(TERMS)))
     while True:
-        coef, *_ = np.linalg.lstsq(a[:, active], y, rcond=None)
+        coef, *_ = np.linalg.lstsq(a[:, active] / y[:, None], np.ones_like(y), rcond=None)
         if (coef >= 0).all():
             break
         del active[int(np.argmin(coef))]
@@ -149,9 +170,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", type=Path, default=Path("calibration.json"))
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--lengths", type=int, nargs="+", default=list(LENGTHS))
+    p.add_argument("--shape", type=int, nargs=2, default=list(SHAPE), metavar=("PREFIX", "SUFFIX"),
+                   help="tokens of the shaped bursts' prompts (default: the policy matrix's 256 + 32)")
     args = p.parse_args(argv)
+    if min(args.shape) < 1 or min(args.lengths) < 1 or args.repeats < 1:
+        p.error("--shape, --lengths and --repeats must be positive")
     try:
-        result = calibrate(args.worker_url.rstrip("/"), repeats=args.repeats, lengths=args.lengths)
+        result = calibrate(args.worker_url.rstrip("/"), repeats=args.repeats, lengths=args.lengths,
+                           shape=tuple(args.shape))
     except httpx.HTTPError as exc:
         print(f"error: cannot measure {args.worker_url}: {exc}", file=sys.stderr)
         return 1

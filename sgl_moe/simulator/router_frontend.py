@@ -98,10 +98,12 @@ class RouterFrontend:
 
     def __init__(self, policy: Policy, cal: Calibration, theta: float, engines: list[Engine], timeline: Timeline,
                  *, queue_size: int, max_affinity_wait_s: float, pending_ttl_s: float, event_delay_s: float,
-                 prefix_wait_s: float = RouterConfig.prefix_wait_s, memo: bool = True) -> None:
+                 prefix_wait_s: float = RouterConfig.prefix_wait_s, memo: bool = True,
+                 request_overhead_flops: float = 0.0) -> None:
         self.cfg = RouterConfig(policy=policy, saturation_flops=theta, queue_size=queue_size,
                                 max_affinity_wait_s=max_affinity_wait_s, pending_ttl_s=pending_ttl_s,
-                                prefix_wait_s=prefix_wait_s, hold_spills=False)
+                                prefix_wait_s=prefix_wait_s, hold_spills=False,
+                                request_overhead_flops=request_overhead_flops)
         # hold_spills: the memo's certificates for held jobs do not yet watch the other workers' room, which the
         # router's hold-to-spill rule reads; the simulator models the router without it.
         memo = memo and policy == "longest_block_match"

@@ -70,6 +70,9 @@ class SimConfig:
     """The router's --prefix-wait-s and its default (0: never hold a request for promised blocks)."""
     event_delay_s: float | None = None
     """KV-event delay; default: the calibration's."""
+    request_overhead_flops: float = 0.0
+    """FLOPs the router adds to every request's cost against Θ (a live worker's measured per-request overhead,
+    the router's --request-overhead-flops); simulated workers measure none."""
     seed: int = 0
     """Seed of the client's randomness (open-loop arrivals) and of power_of_two."""
     cache_aware: CacheAwareConfig = field(default_factory=CacheAwareConfig)
@@ -155,7 +158,7 @@ class Simulation:
                 max_affinity_wait_s=cfg.max_affinity_wait_s, pending_ttl_s=cfg.pending_ttl_s,
                 prefix_wait_s=cfg.prefix_wait_s,
                 event_delay_s=cal.event_delay_s if cfg.event_delay_s is None else cfg.event_delay_s,
-                memo=cfg.memo)
+                memo=cfg.memo, request_overhead_flops=cfg.request_overhead_flops)
         else:
             self.frontend = SglangRouterFrontend(cfg.policy, self.engines, cfg.seed, cfg.cache_aware)
         self.result = SimResult(cfg.policy, cfg.workers)

@@ -51,13 +51,18 @@ class FakeWorker:
 def test_fit_recovers_the_workers_timing_and_reads_its_info(tmp_path):
     fake = FakeWorker()
     client = httpx.Client(transport=httpx.MockTransport(fake.handler))
-    result = calibrate("http://worker", client=client, repeats=2, burst=0, clock=fake.clock)
+    result = calibrate("http://worker", client=client, repeats=2, burst=0, shape=(64, 16), shaped_bursts=(1, 2),
+                       clock=fake.clock)
     terms = result["fit"]["terms"]
     assert terms["step_s"] + terms["request_s"] == pytest.approx(TRUE["fixed"], rel=1e-3)
     for name in ("token_s", "pair_s", "context_token_s"):
         assert terms[name] == pytest.approx(TRUE[name], rel=1e-3)
     assert result["fit"]["max_relative_error"] < 1e-3
-    assert {m["label"].split()[0] for m in result["measurements"]} == {"cold", "repeat", "half-cached"}
+    assert {m["label"].split()[0] for m in result["measurements"]} == {"cold", "repeat", "half-cached", "cached"}
+    shaped = [m for m in result["measurements"] if "burst" in m["label"]]
+    assert [(m["label"], m["requests"], m["computed"]) for m in shaped[:4]] == [
+        ("cold burst 1x80", 1, 80), ("cached burst 1x64+16", 1, 16), ("cold burst 2x80", 2, 160),
+        ("cached burst 2x64+16", 2, 32)]
     assert any(m["label"].startswith("repeat") and m["computed"] <= PAGE for m in result["measurements"])
     path = tmp_path / "cal.json"
     path.write_text(json.dumps(result))
