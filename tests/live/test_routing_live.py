@@ -7,6 +7,7 @@ import os
 import signal
 import threading
 import uuid
+from dataclasses import replace
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import httpx
@@ -17,7 +18,7 @@ from sgl_moe.harness.router_client import metric as _metric
 from sgl_moe.harness.router_client import workers as _workers
 from sgl_moe.policy_bench.routers import flush_caches
 
-from .conftest import NO_THETA_PROFILE, WORKER_ARGS
+from .conftest import NO_THETA_PROFILE, start_side_by_side
 
 
 def workers_state(router):
@@ -248,45 +249,57 @@ def test_incompatible_worker_is_refused(cluster, router_factory, change, needle)
     assert len(workers_state(router)) == 1
 
 
-def test_worker_killed_mid_request(cluster, worker_factory, router_factory):
+def test_worker_killed_mid_request(cluster, router_factory):
     """A worker that dies mid-request (killed from outside, as an OOM or a reboot would): the router cannot tell a
     kill from a request that crashed it, so both requests running on it become suspects and are retried by the
     router itself, one at a time and each alone on the surviving worker (the quarantine lane); both survive, so
     both clients get their answer and the same request sent again is served (issue 29: innocent requests were
-    refused for an hour). The dead worker leaves rotation, and comes back (with an empty table) when restarted."""
-    # Θ pinned far above both requests: this test is about a death, not admission (a Θ profiled on a loaded
-    # host can be one request, and the second would then wait for the first to finish). So the victim skips the
-    # start-up Θ profile, both times it starts.
-    victim_args = [*WORKER_ARGS, NO_THETA_PROFILE]
-    victim = worker_factory(args=victim_args)
+    refused for an hour). The dead worker leaves rotation, and comes back (with an empty table) when restarted.
+
+    The victim is the cluster's second worker, restarted as it was (its flags, its port): a restart is a fresh
+    process, so the cluster is whole again for the tests after this one and no worker starts for this test alone
+    (it started one, ~45 s, and then restarted that). Θ is pinned far above both requests: this test is about a
+    death, not admission (a Θ profiled on a loaded host can be one request, and the second would then wait for the
+    first to finish); the cluster's workers skip the start-up Θ profile, and so does the restart."""
+    victim = cluster[1]
+    assert NO_THETA_PROFILE in victim.args
+    # Its earlier tests' blocks leave its cache (and, through the replayed events, the router's table), so the
+    # blocks awaited below are the prefix's, as on a fresh worker.
+    flush_caches([victim.url])
     router = router_factory([cluster[0], victim], "--health-interval-s", "0.5", "--saturation-flops", "1e15")
     vid = by_url(router)[victim.url]["id"]
-    prefix = unique_text(40)
-    httpx.post(f"{victim.url}/generate", json={"text": prefix, "sampling_params": {"max_new_tokens": 1}},
-               timeout=60)  # the prefix lives on the victim only: the router sends its requests there
-    wait_until(lambda: workers_state(router)[vid]["committed_blocks"] > 0, what="victim blocks")
-    long_suffix = unique_text(500)
-    with cf.ThreadPoolExecutor(2) as pool:
-        prefill = pool.submit(generate, router.url, prefix + long_suffix)
-        # Its own suffix: a request sharing the prefill's still-uncommitted blocks would wait for them.
-        decode = pool.submit(generate, router.url, prefix + unique_text(500), 200)
-        wait_until(lambda: workers_state(router)[vid]["inflight_requests"] == 2 or prefill.done() or decode.done(),
-                   what="both in flight")
-        assert not prefill.done() and not decode.done(), (prefill.result().text, decode.result().text)
-        os.killpg(victim.proc.pid, signal.SIGKILL)  # the whole worker: server, scheduler, detokenizer
-        victim.proc.wait(10)
-        prefill, decode = prefill.result(), decode.result()
-    for answer in (prefill, decode):
-        assert answer.status_code == 200, answer.text
-        assert answer.headers["x-sgl-moe-worker"] != vid
-    assert metric(router, "quarantine_runs") == 2 and metric(router, "suspects_cleared") == 2
-    assert metric(router, "poison_convicted") == 0
-    again = generate(router.url, prefix + long_suffix)
-    assert again.status_code == 200, again.text
-    wait_until(lambda: workers_state(router)[vid]["state"] == "unhealthy", what="out of rotation")
-    # Restarted on the same port: back in rotation; the restart is detected and the old table dropped (the
-    # new instance's own blocks, e.g. from SGLang's warm-up request, arrive through its events).
-    worker_factory(port=victim.port, args=victim_args)
+    try:
+        prefix = unique_text(40)
+        httpx.post(f"{victim.url}/generate", json={"text": prefix, "sampling_params": {"max_new_tokens": 1}},
+                   timeout=60)  # the prefix lives on the victim only: the router sends its requests there
+        wait_until(lambda: workers_state(router)[vid]["committed_blocks"] > 0, what="victim blocks")
+        long_suffix = unique_text(500)
+        with cf.ThreadPoolExecutor(2) as pool:
+            prefill = pool.submit(generate, router.url, prefix + long_suffix)
+            # Its own suffix: a request sharing the prefill's still-uncommitted blocks would wait for them.
+            decode = pool.submit(generate, router.url, prefix + unique_text(500), 200)
+            wait_until(lambda: workers_state(router)[vid]["inflight_requests"] == 2 or prefill.done()
+                       or decode.done(), what="both in flight")
+            assert not prefill.done() and not decode.done(), (prefill.result().text, decode.result().text)
+            os.killpg(victim.proc.pid, signal.SIGKILL)  # the whole worker: server, scheduler, detokenizer
+            victim.proc.wait(10)
+            prefill, decode = prefill.result(), decode.result()
+        for answer in (prefill, decode):
+            assert answer.status_code == 200, answer.text
+            assert answer.headers["x-sgl-moe-worker"] != vid
+        assert metric(router, "quarantine_runs") == 2 and metric(router, "suspects_cleared") == 2
+        assert metric(router, "poison_convicted") == 0
+        again = generate(router.url, prefix + long_suffix)
+        assert again.status_code == 200, again.text
+        wait_until(lambda: workers_state(router)[vid]["state"] == "unhealthy", what="out of rotation")
+    finally:
+        # Restarted on the same port, whatever failed above (the cluster serves later tests).
+        if victim.proc.poll() is not None:
+            restarted = replace(victim, log_path=victim.log_path.with_name(f"{victim.log_path.stem}-restart.log"),
+                                proc=None)
+            cluster[1] = start_side_by_side({"victim": restarted})["victim"]
+    # Back in rotation; the restart is detected and the old table dropped (the new instance's own blocks, e.g. from
+    # SGLang's warm-up request, arrive through its events).
     state = wait_until(lambda: (s := workers_state(router)[vid])["state"] == "healthy" and s, timeout=30,
                        what="back in rotation")
     assert state["counters"]["restarts"] == 1
