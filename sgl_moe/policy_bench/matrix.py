@@ -26,6 +26,7 @@ from pathlib import Path
 
 import httpx
 
+from sgl_moe.policy_bench import worker_steps
 from sgl_moe.policy_bench.bench_model import MODELS, model_args
 from sgl_moe.policy_bench.driver import run_open, run_stream
 from sgl_moe.policy_bench.prefix_stream import build_prefix_stream
@@ -119,7 +120,10 @@ def _counters_since(before: dict[str, float], after: dict[str, float]) -> dict[s
 
 
 def run_one(sc: Scenario, policy: str, urls: list[str], units: list[StreamUnit], sizes: Sizes, rate: float | None,
-            seed: int, log_dir: Path, router_args: list[str], progress: bool, run: int = 1) -> tuple[list, float, dict]:
+            seed: int, log_dir: Path, router_args: list[str], progress: bool, run: int = 1,
+            worker_logs: list[Path] | None = None) -> tuple[list, float, dict]:
+    """One router's run of the scenario; ``worker_logs`` (workers this process started): their prefill steps
+    during the run are read back (``worker_steps``) into the stats."""
     extra = router_args if policy != "cache_aware" else []
     name = f"router-{sc.name}-{policy}" + (f"-run{run}" if run > 1 else "")
     router = RouterUnderTest(policy, urls, log_dir / f"{name}.log", extra_args=extra)
@@ -128,6 +132,7 @@ def run_one(sc: Scenario, policy: str, urls: list[str], units: list[StreamUnit],
     try:
         asyncio.run(run_stream(router.url, warmup_units(units, seed + run), min(4, WARMUP_REQUESTS), progress=False))
         flush_caches(urls)  # the warm-up's prompts (and what a readiness probe may have cached) leave the workers
+        mark = worker_steps.LogMark.now(worker_logs) if worker_logs else None
         before = {}
         if policy != "cache_aware":
             from sgl_moe.policy_bench.__main__ import router_stats
@@ -146,6 +151,8 @@ def run_one(sc: Scenario, policy: str, urls: list[str], units: list[StreamUnit],
                  "loadavg_1m_start": load0, "loadavg_1m_end": os.getloadavg()[0]}
         if policy != "cache_aware":
             stats.update(_counters_since(before, router_stats(router)))
+        if mark is not None:
+            stats["worker_steps"] = worker_steps.read(worker_logs, mark)
         return records, wall, stats
     finally:
         router.stop()
@@ -225,7 +232,8 @@ def main(argv: list[str] | None = None) -> int:
                 k = rep % len(args.routers)
                 for policy in args.routers[k:] + args.routers[:k]:
                     records, wall, stats = run_one(sc, policy, urls, units, sizes, rate, args.seed, log_dir,
-                                                   args.router_args.split(), progress=not args.smoke, run=rep + 1)
+                                                   args.router_args.split(), progress=not args.smoke, run=rep + 1,
+                                                   worker_logs=[w.log_path for w in started])
                     row = summarize(policy, label(policy), records, wall, len(units), oracle)
                     row["router_stats"] = stats
                     runs[policy].append(row)

@@ -74,6 +74,10 @@ MEDIAN_KEYS = ("throughput_rps", "tasks_per_s", "prompt_tokens_per_s", "cached_f
 """Figures of a router's repeated runs that ``median_row`` takes the median of."""
 
 
+RUN_STATS = ("predicted_cached_tokens", "reported_cached_tokens", "worker_steps")
+"""Router and worker figures kept for every run (the row's own ``router_stats`` are the first run's)."""
+
+
 def median_row(runs: list[dict]) -> dict:
     """One router's repeated runs of one scenario as one row: the median of each figure of ``MEDIAN_KEYS``
     (on this 2-core host one run's req/s moves by a third between identical runs), failures summed, and
@@ -84,8 +88,8 @@ def median_row(runs: list[dict]) -> dict:
             row[key] = statistics.median(r[key] for r in runs)
     row["failures"] = sum(r["failures"] for r in runs)
     row["requests"] = sum(r["requests"] for r in runs)
-    row["runs"] = [{k: r[k] for k in ("throughput_rps", "cached_fraction", "latency_p99_ms", "failures")}
-                   for r in runs]
+    row["runs"] = [{**{k: r[k] for k in ("throughput_rps", "cached_fraction", "latency_p99_ms", "failures")},
+                    **{k: v for k, v in (r.get("router_stats") or {}).items() if k in RUN_STATS}} for r in runs]
     cpu = [router_cpu_ms(r) for r in runs]
     cpu = [c for c in cpu if c is not None]
     row["router_cpu_ms_per_request"] = statistics.median(cpu) if cpu else None

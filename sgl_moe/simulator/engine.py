@@ -18,7 +18,11 @@ Model (stated here once; the README and the report refer to it):
 * **Time**: ``Calibration``'s linear model per step; with weight transfers to hide, a step lasts at
   least the transfer of one forward pass. On a shared CPU a step is slowed by the number of busy
   workers beyond ``shared_compute`` at the moment it starts.
-* **Events**: evictions are published when the step starts, stored pages when it ends; the
+* **Results**: a finished request's pages enter the tree, its memory is freed and its answer leaves
+  when the step's results are processed: at the end of the step, or, with SGLang's overlap scheduler
+  (``Calibration.overlap``) and requests waiting, only after the next step has been admitted (``async``:
+  then at once; ``sync``: after that step has computed too).
+* **Events**: evictions are published when the step starts, stored pages when they enter the tree; the
   frontend delivers them to the router after the calibration's event delay.
 """
 
@@ -81,6 +85,8 @@ class Engine:
         self.stats = EngineStats()
         self._batch: list[tuple[SimUnit, int]] = []
         self._shared_busy = shared.capacity is not None
+        self._deferred: list[SimUnit] = []
+        """``sync`` overlap: the previous step's finished requests, processed after the running step."""
 
     def submit(self, unit: SimUnit) -> None:
         unit.engine = self
@@ -153,36 +159,60 @@ class Engine:
     def _end_step(self, _: object = None) -> None:
         cache, page = self.cache, self.page
         batch, self._batch = self._batch, []
+        if self._deferred:  # ``sync``: the previous step's results come after this step's compute
+            deferred, self._deferred = self._deferred, []
+            self._settle(deferred)
         finished = []
         computed = 0
-        now = self.timeline.now
         for u, s in batch:
             done = u.done = u.done + s
             computed += s
+            if done >= u.tokens:
+                finished.append(u)
+                continue
             hashes = u.hashes
             full = min(done // page, len(hashes))
-            if done >= u.tokens:  # the request ends: its new pages enter the tree, all its pages are unlocked
-                # (its reserved pages became tree pages, were freed as duplicates, or are given back)
-                cache.reserved -= u.reserved
-                u.reserved = 0
-                cache.finish(hashes, u.inserted, full)
-                u.inserted = full
-                u.finished = now
-                finished.append(u)
-            elif full > u.inserted:
+            if full > u.inserted:  # a chunked request: its computed full pages enter the tree
                 cache.insert(hashes[u.inserted:full])
                 moved = full - u.inserted
                 cache.reserved -= moved  # reserved pages became tree pages (or were freed as duplicates)
                 u.reserved -= moved
                 u.inserted = full
         self.stats.computed_tokens += computed
-        self.stats.units += len(finished)
         if self._shared_busy:
             self.shared.busy -= 1
+        launched = False
+        overlap = self.cal.overlap
+        if finished and overlap != "off" and (self.waiting or self.chunked is not None):
+            # SGLang's overlap loop: the next batch is admitted while these still hold their memory and pages.
+            self.busy = False
+            self._start_step()
+            launched = self.busy
+            if overlap == "sync" and launched:
+                self._deferred = finished
+                return
+        self.busy = True  # new work the answers bring waits for the step started below (or running)
+        if finished:
+            self._settle(finished)
+        elif cache.stored or cache.removed:
+            self.sink.kv_events(self, *cache.take_events())
+        self.busy = launched
+        if not launched and (self.waiting or self.chunked is not None):
+            self._start_step()
+
+    def _settle(self, finished: list[SimUnit]) -> None:
+        """Process finished requests: their new pages enter the tree, all their pages are unlocked (their
+        reserved pages became tree pages, were freed as duplicates, or are given back), their answers leave."""
+        cache, page = self.cache, self.page
+        now = self.timeline.now
+        for u in finished:
+            cache.reserved -= u.reserved
+            u.reserved = 0
+            full = min(u.tokens // page, len(u.hashes))
+            cache.finish(u.hashes, u.inserted, full)
+            u.inserted = full
+            u.finished = now
+        self.stats.units += len(finished)
         if cache.stored or cache.removed:
             self.sink.kv_events(self, *cache.take_events())
-        if finished:  # the engine still counts as busy: new work waits for the loop below
-            self.sink.finished(finished)
-        self.busy = False
-        if self.waiting or self.chunked is not None:
-            self._start_step()
+        self.sink.finished(finished)

@@ -33,7 +33,7 @@ import httpx
 import numpy as np
 
 from sgl_moe.flops import FlopsModel
-from sgl_moe.simulator.timing_model import cpu_tiny
+from sgl_moe.simulator.timing_model import Overlap, cpu_tiny
 
 LENGTHS = (64, 256, 1024, 2048)
 BURST = 8
@@ -136,6 +136,14 @@ def fit(points: Sequence[Measurement]) -> tuple[dict[str, float], float]:
     return values, float(np.max(np.abs(predicted - y) / y))
 
 
+def overlap_of(server: dict[str, Any]) -> Overlap:
+    """How the worker's scheduler processes a step's results (``Calibration.overlap``), from its server args:
+    SGLang's overlap loop unless ``--disable-overlap-schedule``; on a CPU the forward runs inside the launch."""
+    if not server or server.get("disable_overlap_schedule", True):
+        return "off"
+    return "sync" if server.get("device") == "cpu" else "async"
+
+
 def calibrate(url: str, client: httpx.Client | None = None, **kwargs: Any) -> dict[str, Any]:
     """Measure, fit and describe; the ``calibration`` entry is what ``--calibration FILE`` loads."""
     own = client is None
@@ -153,7 +161,7 @@ def calibrate(url: str, client: httpx.Client | None = None, **kwargs: Any) -> di
             client.close()
     values, worst = fit(points)
     saturation = info.get("saturation", {})
-    cal = replace(cpu_tiny(), name="calibrated", flops=FlopsModel.from_dict(info["flops"]),
+    cal = replace(cpu_tiny(), name="calibrated", flops=FlopsModel.from_dict(info["flops"]), overlap=overlap_of(server),
                   page_size=int(info.get("page_size", 16)), **values,
                   step_tokens=int(saturation.get("step_tokens") or server.get("chunked_prefill_size") or 8192),
                   cache_tokens=int(server.get("max_total_num_tokens") or cpu_tiny().cache_tokens),

@@ -104,6 +104,14 @@ def scenario_config(entry: dict[str, Any], sizes: live_scenarios.Sizes, workers:
     return replace(cfg, arrival="open", rate=float(entry["offered_rps"]))
 
 
+def live_steps(row: dict[str, Any]) -> float | None:
+    """Requests per prefill step the live workers logged, the median over the row's runs (``worker_steps``;
+    None for a matrix that did not record them)."""
+    per = [run["worker_steps"]["requests_per_step"] for run in row.get("runs", [])
+           if (run.get("worker_steps") or {}).get("requests_per_step")]
+    return statistics.median(per) if per else None
+
+
 def _ratio(a: float | None, b: float | None) -> float | None:
     return a / b if a and b else None
 
@@ -129,6 +137,9 @@ def replay_scenario(entry: dict[str, Any], sizes: live_scenarios.Sizes, workers:
                      "live_prompt_tokens": live[p].get("prompt_tokens"), "sim_prompt_tokens": r.prompt_tokens,
                      "live_predicted_cached": stats.get("predicted_cached_tokens"),
                      "live_reported_cached": stats.get("reported_cached_tokens"),
+                     "sim_predicted_cached": r.predicted_cached_tokens, "sim_reported_cached": r.cached_tokens,
+                     "live_requests_per_step": live_steps(live[p]), "sim_requests_per_step": r.units / r.steps
+                     if r.steps else None, "sim_steps": r.steps,
                      "sim_evicted_pages": r.extra.get("evicted_pages"),
                      "sim_p99_s": r.latency_p99_s})
     by = {row["policy"]: row for row in rows}
@@ -191,9 +202,17 @@ def markdown(result: dict[str, Any], title: str) -> str:
             lines.append(f"| {s['name'] if i == 0 else ''} | {SHORT[r['of']]}/{SHORT[r['to']]} | {live} | "
                          f"{_f(r['sim'], '.2f')}x | {_f(r['difference'], '+.0%')}{mark} | "
                          f"{live_c if i == 0 else ''} | {sim_c if i == 0 else ''} |")
-    lines += ["", "Absolute req/s, live / simulated:", "", "| scenario | lbm | ca | rr |", "|---|---|---|---|"]
+    lines += ["", "Absolute req/s, live / simulated; requests per prefill step, live (the workers' logs) / simulated; "
+              "the router's predicted cached tokens over those reported, live / simulated:", "",
+              "| scenario | req/s lbm | ca | rr | requests per step lbm | ca | rr | predicted / reported lbm |",
+              "|---|---|---|---|---|---|---|---|"]
     for s in result["scenarios"]:
         by = {r["policy"]: r for r in s["rows"]}
         cells = [f"{by[p]['live_rps']:.2f} / {by[p]['sim_rps']:.2f}" if p in by else "-" for p in POLICIES]
+        cells += [f"{_f(by[p]['live_requests_per_step'], '.1f')} / {_f(by[p]['sim_requests_per_step'], '.1f')}"
+                  if p in by else "-" for p in POLICIES]
+        lbm = by.get("longest_block_match", {})
+        cells.append(f"{_f(_diff(lbm.get('live_predicted_cached'), lbm.get('live_reported_cached')), '+.1%')} / "
+                     f"{_f(_diff(lbm.get('sim_predicted_cached'), lbm.get('sim_reported_cached')), '+.1%')}")
         lines.append(f"| {s['name']} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"

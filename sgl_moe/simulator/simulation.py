@@ -96,6 +96,9 @@ class SimResult:
     tasks: int = 0
     prompt_tokens: int = 0
     cached_tokens: int = 0
+    predicted_cached_tokens: int | None = None
+    """The project's router: cached tokens it predicted when it placed each request (its own metric of that
+    name); None for the sglang-router models."""
     computed_tokens: int = 0
     oracle_cached_tokens: int = 0
     rejected: int = 0
@@ -176,6 +179,8 @@ class Simulation:
             r.units += 1
             r.prompt_tokens += unit.tokens
             r.cached_tokens += unit.cached
+            if unit.placement is not None:
+                r.predicted_cached_tokens = (r.predicted_cached_tokens or 0) + unit.placement.predicted_cached_tokens
             self._latencies.append(unit.finished - unit.arrival)
             self._outstanding -= 1
             self._last_finish = unit.finished

@@ -6,7 +6,7 @@ import httpx
 import pytest
 
 from sgl_moe.simulator import load
-from sgl_moe.simulator.fit_timing import calibrate, main
+from sgl_moe.simulator.fit_timing import calibrate, main, overlap_of
 from sgl_moe.simulator.timing_model import cpu_tiny
 
 TRUE = {"fixed": 0.012, "token_s": 2.0e-4, "pair_s": 3.0e-8, "context_token_s": 5.0e-5}
@@ -30,7 +30,8 @@ class FakeWorker:
                                              "flops": cpu_tiny().flops.to_dict(),
                                              "saturation": {"flops": 1.5e12, "step_tokens": 4096}})
         if path == "/get_server_info":
-            return httpx.Response(200, json={"max_total_num_tokens": 65536, "chunked_prefill_size": 4096})
+            return httpx.Response(200, json={"max_total_num_tokens": 65536, "chunked_prefill_size": 4096,
+                                             "device": "cpu", "disable_overlap_schedule": False})
         if path == "/flush_cache":
             self.pages.clear()
             return httpx.Response(200)
@@ -68,7 +69,14 @@ def test_fit_recovers_the_workers_timing_and_reads_its_info(tmp_path):
     path.write_text(json.dumps(result))
     cal = load(str(path))
     assert (cal.step_tokens, cal.cache_tokens, cal.theta) == (4096, 65536, 1.5e12)
+    assert cal.overlap == "sync"  # SGLang's overlap loop on a CPU: results after the next step's compute
     assert cal.token_s == pytest.approx(TRUE["token_s"], rel=1e-3)
+
+
+def test_overlap_comes_from_the_workers_server_args():
+    assert overlap_of({"device": "cuda", "disable_overlap_schedule": False}) == "async"
+    assert overlap_of({"device": "cpu", "disable_overlap_schedule": True}) == "off"
+    assert overlap_of({}) == "off"  # no server info: nothing assumed
 
 
 def test_cli_reports_an_unreachable_worker_in_one_line(capsys):

@@ -80,6 +80,39 @@ def test_engine_step_time_follows_the_calibration():
     assert done[1][1] - done[0][1] == pytest.approx(0.5 + 0.25 + chunk(4, 96))
 
 
+@pytest.mark.parametrize("overlap", ["off", "async", "sync"])
+def test_overlap_processes_a_steps_results_after_the_next_step_is_admitted(overlap):
+    """SGLang's overlap loop: with work waiting, the next batch is admitted before the finished one's pages enter
+    the tree, so a request of the same prefix waiting then does not reuse them; its answer leaves at once
+    (``async``) or after the next step (``sync``)."""
+    cal = Calibration(name="t", flops=cpu_tiny().flops, step_s=1.0, request_s=0.0, token_s=0.0, pair_s=0.0,
+                      step_tokens=48, cache_tokens=10_000, overlap=overlap)
+    timeline = Timeline()
+    done, stored_at = [], []
+
+    class Sink:
+        def finished(self, units):
+            done.extend((unit.rid, unit.cached, timeline.now) for unit in units)
+
+        def kv_events(self, engine, removed, stored):
+            if stored:
+                stored_at.append(timeline.now)
+
+    engine = Engine("w0", cal, 0.0, timeline, Sink(), SharedCompute(None))
+    prefix = [11, 12]
+    engine.submit(SimUnit("leader", "a", [], 48, [*prefix, 13], 0))  # fills the step's 48-token budget
+    engine.submit(SimUnit("follower", "b", [], 48, [*prefix, 14], 0))  # waits: the next step's
+    timeline.run()
+    follower_cached = 32 if overlap == "off" else 0
+    leader_answer = {"off": 1.0, "async": 1.0, "sync": 2.0}[overlap]
+    assert sorted(done) == [("follower", follower_cached, 2.0), ("leader", 0, leader_answer)]
+    assert stored_at[0] == leader_answer
+    # Nothing waiting: the results are processed at the end of the step, overlap or not.
+    engine.submit(SimUnit("alone", "c", [], 48, [*prefix, 15], 0))
+    timeline.run()
+    assert done[-1] == ("alone", 32, 3.0)
+
+
 def test_transfers_set_a_floor_under_each_step():
     cal = Calibration(name="t", flops=cpu_tiny().flops, step_s=0.0, request_s=0.0, token_s=1e-3, pair_s=0.0,
                       step_tokens=1000, cache_tokens=10_000, nvlink_transfer_s=0.2)
