@@ -118,14 +118,17 @@ def test_router_cpu_per_request_is_the_median_of_the_runs_and_shown_in_the_table
 @pytest.mark.skipif(importlib.util.find_spec("sglang_router") is None, reason="sglang-router is not installed")
 def test_smoke_matrix_repeats_a_scenario_with_the_routers_rotated(tmp_path, capsys):
     out = tmp_path / "m.json"
-    rc = matrix.main(["--smoke", "--scenarios", "closed-zipf-unbounded", "--repeats", "2", "--out", str(out),
-                      "--log-dir", str(tmp_path / "logs")])
+    # Two routers (the two the per-run ratio compares) rotate as three do; a third adds two router starts.
+    rc = matrix.main(["--smoke", "--scenarios", "closed-zipf-unbounded", "--repeats", "2", "--routers",
+                      "longest_block_match", "cache_aware", "--out", str(out), "--log-dir", str(tmp_path / "logs")])
     assert rc == 0
     sc = json.loads(out.read_text())["scenarios"][0]
-    assert [len(r["runs"]) for r in sc["results"]] == [2, 2, 2]
+    assert [r["policy"] for r in sc["results"]] == ["longest_block_match", "cache_aware"]
+    assert [len(r["runs"]) for r in sc["results"]] == [2, 2]
     assert len(sc["verdict"]["runs_rps_vs_cache_aware"]) == 2
     order = [line.split(":")[0].strip() for line in capsys.readouterr().err.splitlines() if "(run " in line]
-    assert order[:3] != order[3:] and sorted(order[:3]) == sorted(x.replace("run 2", "run 1") for x in order[3:])
+    first, second = order[:2], [x.replace("run 2", "run 1") for x in order[2:]]
+    assert len(order) == 4 and first != second and sorted(first) == sorted(second)  # the same routers, rotated
     assert "run 2 times" in out.with_suffix(".md").read_text()
 
 
