@@ -182,7 +182,7 @@ def cpu_tiny() -> Calibration:
     config = json.loads((DEFAULT_MODEL_DIR / "config.json").read_text())
     return Calibration(name="cpu_tiny", flops=FlopsModel.from_hf_config(config), step_s=0.004, request_s=0.003,
                        token_s=0.21e-3, pair_s=0.0, context_token_s=0.058e-3, step_tokens=8192,
-                       cache_tokens=131072, shared_compute=1.0, event_delay_s=0.002)
+                       cache_tokens=131072, shared_compute=1.0, event_delay_s=0.002, overlap="sync")
 
 
 def h100_30b(mfu: float = MFU) -> Calibration:
@@ -196,7 +196,7 @@ def h100_30b(mfu: float = MFU) -> Calibration:
                        request_s=20e-6 + flops.lm_head_flops_per_token / rate,
                        token_s=flops.linear_flops_per_token / rate, pair_s=flops.attn_flops_per_pair / rate,
                        step_tokens=16384, cache_tokens=480_000, nvlink_transfer_s=transferred_layers * NVLINK_LAYER_S,
-                       pcie_transfer_s=transferred_layers * PCIE_LAYER_S, event_delay_s=0.5e-3)
+                       pcie_transfer_s=transferred_layers * PCIE_LAYER_S, event_delay_s=0.5e-3, overlap="async")
 
 
 PRESETS = {"cpu_tiny": cpu_tiny, "h100_30b": h100_30b}
