@@ -12,8 +12,9 @@ simulated workers with everything the live run fixed:
   the router installed on them: the medians of the live workers' calibrations (``calibration_pool``); they
   share the live machine's cores as ``policy_bench`` ran them (``cpu_share`` threads each: 3 one-thread workers
   on 2 cores compute at full speed two at a time, ``Calibration.shared_compute``);
-* **the routers**: the project's router code for ``longest_block_match`` and ``round_robin``, the simulator's
-  model of sglang-router for ``cache_aware``.
+* **the routers**: the project's router code for ``longest_block_match`` and ``round_robin`` with the live
+  router's settings (its defaults and the matrix's ``--router-args``: holds, hold-to-spill, affinity wait),
+  the simulator's model of sglang-router for ``cache_aware``.
 
 Compared per scenario: each router's req/s ratio to ``cache_aware`` and to ``round_robin``, live (the median the
 matrix judged) and simulated, and their relative difference; cached fractions side by side. The timing model is
@@ -28,6 +29,7 @@ from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from sgl_moe.policy_bench import scenarios as live_scenarios
+from sgl_moe.router.config import RouterConfig
 from sgl_moe.simulator.experiments import freeze, run_one
 from sgl_moe.simulator.prefix_units import PrefixStreamConfig, PrefixUnits
 from sgl_moe.simulator.simulation import SimConfig, SimResult
@@ -41,6 +43,8 @@ TOLERANCE = 0.10
 POLICIES = ("longest_block_match", "cache_aware", "round_robin")
 SHORT = {"longest_block_match": "lbm", "cache_aware": "ca", "round_robin": "rr"}
 RATIOS = (("longest_block_match", "cache_aware"), ("longest_block_match", "round_robin"))
+ROUTER_SETTINGS = ("prefix_wait_s", "hold_spills", "max_affinity_wait_s", "pending_ttl_s")
+"""Router options the simulation runs as the live router had them (``SimConfig`` fields of the same names)."""
 MIX_CONTEXT = 4096
 """The context length the live matrix clipped the mix by when a worker reported none (``policy_bench.matrix``)."""
 
@@ -55,6 +59,9 @@ class LiveWorkers:
     request_overhead_flops: float
     cpus: int
     """Cores of the machine the live workers shared."""
+    router: dict[str, Any]
+    """The live router's settings the simulation takes (``ROUTER_SETTINGS``): its defaults and the matrix's
+    ``--router-args``."""
 
     @property
     def shared_compute(self) -> float:
@@ -71,7 +78,14 @@ class LiveWorkers:
         return cls(count=int(matrix["workers"]), pool_tokens=int(matrix["sizes"]["pool_tokens"]),
                    theta_flops=statistics.median(flops),
                    request_overhead_flops=statistics.median(overheads) if overheads else 0.0,
-                   cpus=int((matrix.get("machine") or {}).get("cpus") or 1))
+                   cpus=int((matrix.get("machine") or {}).get("cpus") or 1),
+                   router=router_settings(matrix.get("router_args") or ""))
+
+
+def router_settings(router_args: str) -> dict[str, Any]:
+    """``ROUTER_SETTINGS`` of the router the matrix ran (``python -m sgl_moe.router`` with ``router_args``)."""
+    cfg = RouterConfig.from_argv(router_args.split())
+    return {name: getattr(cfg, name) for name in ROUTER_SETTINGS}
 
 
 def live_sizes(matrix: dict[str, Any]) -> live_scenarios.Sizes:
@@ -95,7 +109,7 @@ def scenario_units(entry: dict[str, Any], sizes: live_scenarios.Sizes, seed: int
 def scenario_config(entry: dict[str, Any], sizes: live_scenarios.Sizes, workers: LiveWorkers, base: SimConfig,
                     policy: str) -> SimConfig:
     cfg = replace(base, workers=workers.count, policy=policy, theta_flops=workers.theta_flops,
-                  request_overhead_flops=workers.request_overhead_flops)
+                  request_overhead_flops=workers.request_overhead_flops, **workers.router)
     if entry["arrival"] == "bulk":
         return replace(cfg, arrival="offline")
     if entry["arrival"] == "closed":

@@ -99,14 +99,14 @@ class RouterFrontend:
     def __init__(self, policy: Policy, cal: Calibration, theta: float, engines: list[Engine], timeline: Timeline,
                  *, queue_size: int, max_affinity_wait_s: float, pending_ttl_s: float, event_delay_s: float,
                  prefix_wait_s: float = RouterConfig.prefix_wait_s, memo: bool = True,
-                 request_overhead_flops: float = 0.0) -> None:
+                 request_overhead_flops: float = 0.0, hold_spills: bool = False) -> None:
         self.cfg = RouterConfig(policy=policy, saturation_flops=theta, queue_size=queue_size,
                                 max_affinity_wait_s=max_affinity_wait_s, pending_ttl_s=pending_ttl_s,
-                                prefix_wait_s=prefix_wait_s, hold_spills=False,
+                                prefix_wait_s=prefix_wait_s, hold_spills=hold_spills,
                                 request_overhead_flops=request_overhead_flops)
         # hold_spills: the memo's certificates for held jobs do not yet watch the other workers' room, which the
-        # router's hold-to-spill rule reads; the simulator models the router without it.
-        memo = memo and policy == "longest_block_match"
+        # router's hold-to-spill rule reads; a run with it goes without the memo.
+        memo = memo and policy == "longest_block_match" and not hold_spills
         # The memo only ever vouches for longest_block_match jobs (the others wait only when no worker has room);
         # without it the router's own index serves (the logged one's bookkeeping would be spent for nothing).
         self.index = LoggedBlockIndex() if memo else BlockIndex()

@@ -70,6 +70,10 @@ class SimConfig:
     """The router's --prefix-wait-s and its default (0: never hold a request for promised blocks)."""
     event_delay_s: float | None = None
     """KV-event delay; default: the calibration's."""
+    hold_spills: bool = False
+    """The router's --hold-spills (on in the router by default): a job about to be held for promised blocks may
+    spill to a worker with room instead. Off here by default (the memo cannot vouch for it: a run with it goes
+    without the memo, slower); ``live_replay`` turns it on, as the live router ran."""
     request_overhead_flops: float = 0.0
     """FLOPs the router adds to every request's cost against Θ (a live worker's measured per-request overhead,
     the router's --request-overhead-flops); simulated workers measure none."""
@@ -161,7 +165,7 @@ class Simulation:
                 max_affinity_wait_s=cfg.max_affinity_wait_s, pending_ttl_s=cfg.pending_ttl_s,
                 prefix_wait_s=cfg.prefix_wait_s,
                 event_delay_s=cal.event_delay_s if cfg.event_delay_s is None else cfg.event_delay_s,
-                memo=cfg.memo, request_overhead_flops=cfg.request_overhead_flops)
+                memo=cfg.memo, request_overhead_flops=cfg.request_overhead_flops, hold_spills=cfg.hold_spills)
         else:
             self.frontend = SglangRouterFrontend(cfg.policy, self.engines, cfg.seed, cfg.cache_aware)
         self.result = SimResult(cfg.policy, cfg.workers)

@@ -24,6 +24,12 @@ and, when weight transfers must be hidden, at least the transfer time of one for
   one layer's experts copied from pinned memory in 22.0 ms. Until then the model assumed MFU 0.40, 1.5 ms per
   step and 22.8 ms per layer. Still assumed: the NVLink gather, the per-request overhead and the KV capacity;
   the measured stack is the project's torch reference (grouped GEMM, SDPA), not SGLang's fused kernels.
+
+Both presets run SGLang's overlap scheduler, SGLang's default (``Calibration.overlap``): with requests waiting, a
+step's results (its pages into the radix tree, its memory freed, its answers) are processed only after the next
+step has been admitted; after its launch on a GPU (``async``), after its compute on a CPU (``sync``). Before
+2026-11-26 the simulator processed them at the end of the step, which let a follower reuse, in the very next
+step, a prefix SGLang had not yet inserted.
 """
 
 from __future__ import annotations

@@ -32,7 +32,7 @@ def live_matrix(names=("bulk-zipf-bounded", "closed-uniform-bounded", "open50-zi
                           "verdict": {"runs_rps_vs_cache_aware": [1.1, 1.3]}})
     theta = [{"flops": f, "request_overhead_flops": o} for f, o in ((1e10, 1e9), (3e10, 3e9), (2e10, 2e9))]
     return {"workers": 3, "sizes": asdict(SIZES), "seed": 4, "machine": {"cpus": 2}, "worker_theta": theta,
-            "scenarios": scenarios}
+            "router_args": "--prefix-wait-s=0.25", "scenarios": scenarios}
 
 
 def test_the_stream_is_the_live_one_group_for_group():
@@ -60,6 +60,8 @@ def test_arrivals_and_workers_are_the_live_runs():
     assert (open_.arrival, open_.rate) == ("open", 7.5)
     assert all(c.workers == 3 and c.theta_flops == 2e10 and c.request_overhead_flops == 2e9
                for c in (bulk, closed, open_))
+    # the live router's settings: the matrix's --router-args over the router's defaults
+    assert (bulk.prefix_wait_s, bulk.hold_spills) == (0.25, True)
 
 
 def test_replay_compares_each_ratio_with_the_live_one():
