@@ -23,7 +23,7 @@ import logging
 import statistics
 from collections.abc import Iterable
 
-from sgl_moe.router.membership.worker import PINNED_THETA_SOURCE, Worker
+from sgl_moe.router.membership.worker import Worker
 from sgl_moe.wire import WorkerInfo
 
 log = logging.getLogger("sgl_moe.router.workers")
@@ -38,35 +38,44 @@ def kind_of(info: WorkerInfo) -> str:
                        info.saturation.step_tokens, info.moe_args], sort_keys=True, default=str)
 
 
-def pool(workers: Iterable[Worker], *, theta_pinned: bool, overhead_pinned: bool) -> list[str]:
-    """Give every worker of a kind with measured members the median of their Θ and request overhead.
+class CalibrationPool:
+    """The pooled values of each kind, as last given to its members (so only a change is logged)."""
 
-    Call after each worker's own ``install`` (which resets both to its own values). Returns one line per kind
-    whose values changed, for the log."""
-    kinds: dict[str, list[Worker]] = {}
-    for w in workers:
-        kinds.setdefault(kind_of(w.info), []).append(w)
-    changes = []
-    for members in kinds.values():
-        measured = [w for w in members if w.info.saturation.state == MEASURED]
-        if len(members) < 2 or not measured:
-            continue
-        thetas = sorted(w.info.saturation.flops for w in measured)
-        overheads = sorted(w.info.saturation.request_overhead_flops or 0.0 for w in measured)
-        theta, overhead = statistics.median(thetas), statistics.median(overheads)
-        ids = ", ".join(w.id for w in members)
-        before = [(w.theta, w.request_overhead_flops) for w in members]
-        for w in members:
-            if not theta_pinned and w.theta_source != PINNED_THETA_SOURCE:
-                w.theta = theta
-                w.theta_source = (f"median of {len(measured)} calibrated worker(s) of its kind "
-                                  f"({', '.join(f'{t:.3g}' for t in thetas)}); its own: {w.info.saturation.source}")
-            if not overhead_pinned:
-                w.request_overhead_flops = overhead
-        if before != [(w.theta, w.request_overhead_flops) for w in members]:
-            changes.append(f"workers {ids}: one kind; Θ {theta:.4g} FLOPs (median of "
-                           f"{', '.join(f'{t:.3g}' for t in thetas)}), request overhead {overhead:.4g} FLOPs "
-                           f"(median of {', '.join(f'{o:.3g}' for o in overheads)})")
-    for line in changes:
-        log.info("pooled calibrations: %s", line)
-    return changes
+    def __init__(self) -> None:
+        self._given: dict[str, tuple] = {}
+        """Kind -> (members, Θ, request overhead) last pooled."""
+
+    def pool(self, workers: Iterable[Worker], *, theta_pinned: bool, overhead_pinned: bool) -> bool:
+        """Give every worker of a kind with measured members the median of their Θ and request overhead.
+
+        Call after each worker's own ``install`` (which resets both to its own values). Logs each kind whose
+        pooled values or members changed since the last call; returns whether any worker's values changed."""
+        kinds: dict[str, list[Worker]] = {}
+        for w in workers:
+            kinds.setdefault(kind_of(w.info), []).append(w)
+        changes = []
+        adopted = False
+        for kind, members in kinds.items():
+            measured = [w for w in members if w.info.saturation.state == MEASURED]
+            if len(members) < 2 or not measured:
+                self._given.pop(kind, None)
+                continue
+            thetas = sorted(w.info.saturation.flops for w in measured)
+            overheads = sorted(w.info.saturation.request_overhead_flops or 0.0 for w in measured)
+            theta, overhead = statistics.median(thetas), statistics.median(overheads)
+            listed = ", ".join(f"{t:.3g}" for t in thetas)
+            source = f"median of {len(measured)} calibrated worker(s) of its kind ({listed})"
+            for w in members:
+                adopted |= w.adopt_pooled(None if theta_pinned else theta, source,
+                                          None if overhead_pinned else overhead)
+            given = (tuple(w.id for w in members), theta, overhead)
+            if self._given.get(kind) != given:
+                self._given[kind] = given
+                changes.append(f"workers {', '.join(given[0])}: one kind; Θ {theta:.4g} FLOPs (median of "
+                               f"{listed}), request overhead {overhead:.4g} FLOPs "
+                               f"(median of {', '.join(f'{o:.3g}' for o in overheads)})")
+        for kind in set(self._given) - set(kinds):
+            del self._given[kind]
+        for line in changes:
+            log.info("pooled calibrations: %s", line)
+        return adopted

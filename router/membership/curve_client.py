@@ -55,7 +55,10 @@ async def watch_handshakes(monitor: zmq.asyncio.Socket, curve: ClientKeys | None
         elif event == zmq.EVENT_HANDSHAKE_FAILED_AUTH:
             hint = ("the worker refused the router's public key: put the router's router.key in the worker's "
                     "--moe-kv-events-keys folder")
+        elif curve is None:  # ZeroMQ may report the refusal of a plain client without detail (seen under load)
+            hint = ("handshake failed; if the worker was started with --moe-kv-events-keys, start the router with "
+                    "--kv-events-keys DIR/router")
         else:
             hint = ("the worker's CURVE public key is not the worker.key in --kv-events-keys (keys of another "
-                    "deployment?)" if curve is not None else "handshake failed")
+                    "deployment?)")
         logger.warning("%s: cannot read KV events from %s: %s", who, endpoint, hint)

@@ -125,6 +125,17 @@ class Worker:
             origin = "router" if self.learned else "worker"  # a plain worker's Θ is the router's estimate
             self.theta, self.theta_source = info.saturation.flops, f"{origin}: {info.saturation.source}"
 
+    def adopt_pooled(self, theta: float | None, source: str, overhead: float | None) -> bool:
+        """Take the pooled calibration of this worker's kind (``calibration_pool``) over its own: Θ unless None or
+        pinned by the router, the request overhead unless None. Whether Θ or the overhead changed."""
+        before = (self.theta, self.request_overhead_flops)
+        if theta is not None and self.theta_source != PINNED_THETA_SOURCE:
+            self.theta = theta
+            self.theta_source = f"{source}; its own: {self.info.saturation.source}"
+        if overhead is not None:
+            self.request_overhead_flops = overhead
+        return (self.theta, self.request_overhead_flops) != before
+
     @property
     def cost_model(self) -> tuple[FlopsModel, float]:
         """What a job's cost here depends on besides the cached prefix: equal for two workers, equal costs."""

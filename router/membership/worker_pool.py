@@ -68,6 +68,7 @@ class WorkerPool:
         self.tokenizer_mismatches = 0
         """Workers whose own ids differed from the router's on the probe set (``tokenizer_probe``)."""
         self._closing = False
+        self.calibrations = calibration_pool.CalibrationPool()
         self.installs = 0
         """Infos installed on this pool's workers, joins included (``admit``, ``install``): a Θ or a request
         overhead may have changed since, so a load-ordered view built before the latest is rebuilt
@@ -214,9 +215,8 @@ class WorkerPool:
         and removal, since each changes a kind's samples."""
         if not self.cfg.pool_calibrations or self._closing:
             return
-        changed = calibration_pool.pool(self.workers.values(), theta_pinned=self.cfg.saturation_flops is not None,
-                                        overhead_pinned=self.cfg.request_overhead_flops is not None)
-        if changed:
+        if self.calibrations.pool(self.workers.values(), theta_pinned=self.cfg.saturation_flops is not None,
+                                  overhead_pinned=self.cfg.request_overhead_flops is not None):
             self.installs += 1  # a Θ or a request overhead changed: load-ordered views are rebuilt
 
     async def remove(self, worker_id: str) -> Worker:

@@ -45,6 +45,19 @@ def test_three_workers_of_one_kind_take_the_median_and_the_fast_path_sees_one_th
     assert {w.theta for w in (a, b, c)} == {3e10} and p.installs > installs + 1
 
 
+def test_the_pooled_values_are_logged_when_they_change_not_on_every_install(caplog):
+    p = pool()
+    a = p.admit("http://a", info(2e10, 1e9))
+    with caplog.at_level("INFO", logger="sgl_moe.router.workers"):
+        b = p.admit("http://b", info(4e10, 3e9))
+        p.install(a, info(2e10, 1e9))  # the same report again: the kind's median is unchanged
+        p.install(b, info(4e10, 3e9))
+    assert [r.getMessage() for r in caplog.records if "pooled" in r.getMessage()] == [
+        "pooled calibrations: workers w0, w1: one kind; Θ 3e+10 FLOPs (median of 2e+10, 4e+10), request overhead "
+        "2e+09 FLOPs (median of 1e+09, 3e+09)"]
+    assert {w.theta for w in (a, b)} == {3e10}  # each install reset its worker's own values; pooling restored them
+
+
 def test_a_worker_that_did_not_measure_adopts_its_kinds_median_but_is_no_sample():
     p = pool()
     a = p.admit("http://a", info(4e10, 1e9))
