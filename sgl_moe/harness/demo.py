@@ -18,7 +18,7 @@ from pathlib import Path
 
 import httpx
 
-from sgl_moe.harness.worker_process import WorkerProcess, WorkerStartError, cpu_share
+from sgl_moe.harness.worker_process import WorkerProcess, WorkerStartError, cpu_share, stop_all
 from sgl_moe.wire import TOKENIZER_PATH
 
 SHARED_PREFIX = '"""Utilities for working with files and paths."""\n\nimport os\nimport sys\n\n\n'
@@ -159,6 +159,5 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 1
     finally:
-        for w in workers:
-            w.stop()
+        stop_all(workers)
     return 0

@@ -17,14 +17,13 @@ needed, and the ones whose tests are not about Θ skip the profile.
 
 import os
 import shutil
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 
 from sgl_moe import DEFAULT_MODEL_DIR
 from sgl_moe.harness.router_process import RouterProcess, RouterStartError
-from sgl_moe.harness.worker_process import WorkerProcess, WorkerStartError
+from sgl_moe.harness.worker_process import WorkerProcess, WorkerStartError, stop_all
 from sgl_moe.training import fixtures
 
 HERE = Path(__file__).resolve().parent
@@ -98,10 +97,7 @@ def start_side_by_side(workers: dict[str, WorkerProcess]) -> dict[str, WorkerPro
     return workers
 
 
-def stop_side_by_side(workers) -> None:
-    """Stop workers side by side: each takes 1-6 s to exit (SGLang's shutdown), so one after another adds up."""
-    with ThreadPoolExecutor(max(1, len(workers))) as pool:
-        list(pool.map(WorkerProcess.stop, workers))
+stop_side_by_side = stop_all
 
 
 def _start_workers(folder, ports, args=WORKER_ARGS):
