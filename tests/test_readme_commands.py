@@ -61,6 +61,7 @@ RUN_BY: dict[str, list[str]] = {
         "tests/simulator/test_cli.py::test_policy_table_and_json",
         "tests/simulator/test_cli.py::test_theta_sweep_shows_transfer_bound_small_theta",
         "tests/simulator/test_cli.py::test_compare_prints_errors_and_ordering",
+        "tests/simulator/test_live_replay.py::test_cli_replays_a_matrix_and_writes_its_table",
         "tests/simulator/test_matrix.py::test_smoke_matrix_runs_every_scenario_and_writes_json_and_markdown"],
     "python -m sgl_moe.policy_bench.bench_model": [
         "tests/policy_bench/test_bench_model.py::"
