@@ -61,7 +61,7 @@ class LiveWorkers:
     """Cores of the machine the live workers shared."""
     router: dict[str, Any]
     """The live router's settings the simulation takes (``ROUTER_SETTINGS``): its defaults and the matrix's
-    ``--router-args``."""
+    ``--router-args`` (whose ``--saturation-flops`` and ``--request-overhead-flops`` pin Θ and the overhead)."""
 
     @property
     def shared_compute(self) -> float:
@@ -75,17 +75,15 @@ class LiveWorkers:
         overheads = [t.get("request_overhead_flops") or 0.0 for t in thetas]
         if not flops:
             raise ValueError("the matrix JSON lists no worker Θ (worker_theta): it predates this check")
+        cfg = RouterConfig.from_argv((matrix.get("router_args") or "").split())
+        theta = cfg.saturation_flops or statistics.median(flops)  # the router's pins win, as in the router
+        overhead = cfg.request_overhead_flops
+        if overhead is None:
+            overhead = statistics.median(overheads) if overheads else 0.0
         return cls(count=int(matrix["workers"]), pool_tokens=int(matrix["sizes"]["pool_tokens"]),
-                   theta_flops=statistics.median(flops),
-                   request_overhead_flops=statistics.median(overheads) if overheads else 0.0,
+                   theta_flops=theta, request_overhead_flops=overhead,
                    cpus=int((matrix.get("machine") or {}).get("cpus") or 1),
-                   router=router_settings(matrix.get("router_args") or ""))
-
-
-def router_settings(router_args: str) -> dict[str, Any]:
-    """``ROUTER_SETTINGS`` of the router the matrix ran (``python -m sgl_moe.router`` with ``router_args``)."""
-    cfg = RouterConfig.from_argv(router_args.split())
-    return {name: getattr(cfg, name) for name in ROUTER_SETTINGS}
+                   router={name: getattr(cfg, name) for name in ROUTER_SETTINGS})
 
 
 def live_sizes(matrix: dict[str, Any]) -> live_scenarios.Sizes:

@@ -62,6 +62,8 @@ def test_arrivals_and_workers_are_the_live_runs():
                for c in (bulk, closed, open_))
     # the live router's settings: the matrix's --router-args over the router's defaults
     assert (bulk.prefix_wait_s, bulk.hold_spills) == (0.25, True)
+    pinned = LiveWorkers.of({**matrix, "router_args": "--saturation-flops=5e10 --request-overhead-flops=0"})
+    assert (pinned.theta_flops, pinned.request_overhead_flops) == (5e10, 0.0)  # the router's pins win
 
 
 def test_replay_compares_each_ratio_with_the_live_one():
