@@ -106,13 +106,15 @@ class RouterConfig:
     """A request that waited this long for admission is answered 503."""
     max_affinity_wait_s: float = 2.0
     """Longest a queued request waits for its best-matching (saturated) worker while another has room."""
-    prefix_wait_s: float = 0.0
+    prefix_wait_s: float = 1.0
     """``longest_block_match``: a request whose best match ends in blocks only *promised* by a request still
     running on that worker waits (up to this long) until they are stored, then reuses them instead of
-    computing the same prefix in the same batch. 0 (the default) disables the wait: on the CPU policy matrix
-    (benchmarks/results/router/matrix-holds-off-a7d868c.md) holds cost throughput and reuse wherever they were taken
-    (bulk and open loop at 80-95% of capacity: up to 16 points of req/s against cache_aware, p99 up to 2x) and
-    were never taken in closed loops, where the duplicate fits under Θ."""
+    computing the same prefix again. SGLang's overlap scheduler admits a worker's next step before the previous
+    step's prefixes enter its radix cache, so a request sent behind its prefix's leader recomputes it. Measured
+    on the bench model (benchmarks/results/router/matrix-4scen-bench-model-theta4req-holds*-e173884.md, Θ fixed):
+    with holds the router's predicted cached tokens were within 3% of what the workers reported in 8 of 8 runs,
+    without them 5-20% high in 6 of 8, and req/s moved by -3% to +1%. 0 disables the wait (the default until
+    2026-11-26, chosen on the shipped model, whose steps are mostly fixed cost)."""
     prefix_wait_min_tokens: int = 64
     """Hold a request for promised blocks only when they cover at least this many tokens."""
     prefix_memo: bool = True

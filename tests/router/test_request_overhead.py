@@ -90,10 +90,11 @@ def test_counting_the_overhead_stops_a_hot_prefix_from_piling_on_one_worker():
     assert _hot_prefix_run(0.0) == {"w0": 16, "w1": 0, "queued": 0}
     # A fixed cost of one full request's FLOPs (the CPU's ratio): the holder fills at 7 hits; past that a hit
     # finishes sooner recomputing the prefix on the idle worker than queued behind the holder's work, so one
-    # spills there, the next ones follow it to the blocks it promised, and the last ones wait (both at Θ).
-    assert _hot_prefix_run(FULL) == {"w0": 7, "w1": 6, "queued": 3}
-    # With holds for promised blocks (--prefix-wait-s 30) the followers of the spill wait for its blocks instead.
-    assert _hot_prefix_run(FULL, prefix_wait_s=30.0) == {"w0": 7, "w1": 3, "queued": 6}
+    # spills there, and without holds (--prefix-wait-s 0) the next ones follow it to the blocks it promised, and
+    # the last ones wait (both at Θ).
+    assert _hot_prefix_run(FULL, prefix_wait_s=0.0) == {"w0": 7, "w1": 6, "queued": 3}
+    # With holds for promised blocks (the default) the followers of the spill wait for its blocks instead.
+    assert _hot_prefix_run(FULL) == _hot_prefix_run(FULL, prefix_wait_s=30.0) == {"w0": 7, "w1": 3, "queued": 6}
 
 
 def test_a_new_theta_or_overhead_rebuilds_the_load_ordered_view():

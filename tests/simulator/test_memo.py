@@ -74,7 +74,8 @@ def test_memo_places_as_the_plain_scheduler_with_the_routers_defaults(workers, r
     with_memo, memo = placements(cfg, stream, memo=True)
     plain, reference = placements(cfg, stream, memo=False)
     assert with_memo == plain
-    assert memo.certified["deferred"] > 100 and memo.certified["rule5"] > 50 and not memo.certified["held"]
+    # holds for promised blocks are on by default (--prefix-wait-s 1): held jobs are certified too
+    assert memo.certified["deferred"] > 100 and memo.certified["rule5"] > 50 and memo.certified["held"] > 0
     assert memo.scored < reference.scored / 3
 
 
