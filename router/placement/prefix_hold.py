@@ -1,6 +1,6 @@
 """Holds for promised blocks: whether a request waits for a prefix another request is still computing on
-its worker, recomputes it in the same batch, or spills elsewhere (``RouterConfig.prefix_wait_s``; off by
-default since the CPU policy matrix measured holds costing throughput in bulk and near capacity).
+its worker, recomputes it in the same batch, or spills elsewhere (``RouterConfig.prefix_wait_s``, 1 s by default:
+SGLang's overlap scheduler admits a worker's next step before the previous one's prefixes enter its cache).
 
 SGLang computes a shared prefix once per request when several requests holding it arrive together (its
 radix cache learns the prefix only after a prefill). A request whose matched prefix is still being computed
