@@ -39,7 +39,8 @@ class KvEventSink:
         """The router's CURVE keys (``--kv-events-keys``) for every listener; None: plain ZMQ."""
 
     def attach(self, worker: Worker) -> None:
-        """Start a listener for each KV-event endpoint the worker publishes."""
+        """Start a listener for each KV-event endpoint the worker publishes (none: ``reports_stored`` False)."""
+        worker.reports_stored = bool(worker.info.kv_events)
         for e in worker.info.kv_events:
             source = EventSource(worker_id=worker.id, dp_rank=e.dp_rank,
                                  endpoint=event_endpoint(e.endpoint, worker.url),
@@ -50,7 +51,8 @@ class KvEventSink:
             worker.tasks.append(asyncio.create_task(listener.run(), name=f"events-{worker.id}-{source.dp_rank}"))
         if not worker.info.kv_events:
             log.warning("worker %s (%s) publishes no KV events: its committed table stays empty and "
-                        "routing to it relies on the pending table alone", worker.id, worker.url)
+                        "routing to it relies on the pending table alone (no holds for its promised blocks)",
+                        worker.id, worker.url)
 
     @staticmethod
     def detach(worker: Worker) -> None:

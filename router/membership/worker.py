@@ -75,6 +75,11 @@ class Worker:
     request_overhead_flops: float = 0.0
     """What one prompt costs here beyond its FLOPs, in FLOPs-equivalent (the worker's measured
     ``request_overhead_flops``; 0 when it did not measure one). Installed with Θ (``install``)."""
+    reports_stored: bool = True
+    """Blocks stored here reach the router as KV events, so a hold for blocks promised here ends when they are
+    stored. False for a worker that publishes no KV events (``event_sink.attach``): the router never holds a
+    request for its promised blocks, since nothing would say they were stored (each hold would last
+    ``--prefix-wait-s``)."""
     state: str = HEALTHY
     inflight_flops: float = 0.0
     inflight_requests: int = 0

@@ -76,9 +76,10 @@ class PrefixHold:
         stops growing with more work), so the request goes now, its reservation the duplicate's full cost;
         only when the duplicate would push the worker past Θ does the request wait for the blocks. That
         room is known only for a measured (or pinned) Θ: under the placeholder Θ of a worker that did not
-        profile (one 4,096-token step, far above a CPU worker's knee) the request always waits.
+        profile (one 4,096-token step, far above a CPU worker's knee) the request always waits. A worker
+        that publishes no KV events (``Worker.reports_stored``) is never waited for.
         """
-        if not self.enabled or not job.keys or not c.matched_blocks:
+        if not self.enabled or not job.keys or not c.matched_blocks or not c.worker.reports_stored:
             return HoldVerdict(c)
         committed = self.committed_prefix(c.slot, job.keys[0][:c.matched_blocks])
         promised_tokens = (c.matched_blocks - committed) * c.worker.page_size

@@ -67,13 +67,15 @@ def test_every_prompt_costs_its_flops_plus_the_workers_overhead():
     assert w.describe(BlockIndex())["request_overhead_flops"] == FULL
 
 
-def _hot_prefix_run(overhead: float, **cfg) -> dict[str, int]:
+def _hot_prefix_run(overhead: float, reports_stored: bool = True, **cfg) -> dict[str, int]:
     """16 requests sharing a 256-token prefix that w0 holds, offered at once to two workers whose Θ is the
-    same 4 full requests of work in flight; returns where they went (placed now or left queued)."""
+    same 4 full requests of work in flight; returns where they went (placed now or left queued).
+    ``reports_stored`` False: the workers publish no KV events."""
     index = BlockIndex()
     pool = Pool(index, 2, theta=4 * (FULL + overhead))
     for w in pool.workers.values():
         w.request_overhead_flops = overhead
+        w.reports_stored = reports_stored
     sched = Scheduler(RouterConfig(**cfg), pool, index, PendingLedger(index, ttl_s=10), clock=Clock())
     prefix = list(range(1, 17))  # 16 blocks of 16 tokens
     index.store(pool.workers["w0"].slots[0], prefix)
@@ -95,6 +97,8 @@ def test_counting_the_overhead_stops_a_hot_prefix_from_piling_on_one_worker():
     assert _hot_prefix_run(FULL, prefix_wait_s=0.0) == {"w0": 7, "w1": 6, "queued": 3}
     # With holds for promised blocks (the default) the followers of the spill wait for its blocks instead.
     assert _hot_prefix_run(FULL) == _hot_prefix_run(FULL, prefix_wait_s=30.0) == {"w0": 7, "w1": 3, "queued": 6}
+    # Workers that publish no KV events are never waited for: nothing would say the blocks were stored.
+    assert _hot_prefix_run(FULL, reports_stored=False) == {"w0": 7, "w1": 6, "queued": 3}
 
 
 def test_a_new_theta_or_overhead_rebuilds_the_load_ordered_view():
