@@ -14,7 +14,8 @@ Model (stated here once; the README and the report refer to it):
 * **Memory**: a request reserves pages for the tokens it computes; computed full pages enter the
   cache at the end of each step (so a chunked document is reusable before it finishes), the rest
   is freed when it finishes. Room is made by evicting unlocked pages, least recently used first.
-  A request that cannot get room waits (unless the worker is idle: then it over-commits).
+  A request that cannot get room waits (unless the worker is idle: then it over-commits; a worker whose
+  finished requests are still to be processed is not idle).
 * **Time**: ``Calibration``'s linear model per step; with weight transfers to hide, a step lasts at
   least the transfer of one forward pass. On a shared CPU a step is slowed by the number of busy
   workers beyond ``shared_compute`` at the moment it starts.
@@ -87,6 +88,10 @@ class Engine:
         self._shared_busy = shared.capacity is not None
         self._deferred: list[SimUnit] = []
         """``sync`` overlap: the previous step's finished requests, processed after the running step."""
+        self._settling = False
+        """Finished requests await processing (overlap): a request that does not fit waits for their memory,
+        as SGLang's scheduler forms no batch then and processes the results first, instead of running alone
+        before their prefixes enter the tree."""
 
     def submit(self, unit: SimUnit) -> None:
         unit.engine = self
@@ -122,9 +127,9 @@ class Engine:
             need = n - cached
             pages = -(-need // page)
             if not cache.reserve(pages):
-                if batch:
+                if batch or self._settling:
                     cache.unlock(hashes[:blocks])
-                    break  # memory is held by running requests: wait for them
+                    break  # memory is held by running requests (or finished ones not yet processed): wait
                 cache.reserved += pages  # alone and still too big: run it anyway
                 self.stats.overcommits += 1
             waiting.popleft()
@@ -186,7 +191,9 @@ class Engine:
         if finished and overlap != "off" and (self.waiting or self.chunked is not None):
             # SGLang's overlap loop: the next batch is admitted while these still hold their memory and pages.
             self.busy = False
+            self._settling = True
             self._start_step()
+            self._settling = False
             launched = self.busy
             if overlap == "sync" and launched:
                 self._deferred = finished
