@@ -34,6 +34,7 @@ from sgl_moe.policy_bench.report import matrix_table, median_row, run_ratios, su
 from sgl_moe.policy_bench.routers import RouterUnderTest, flush_caches, label
 from sgl_moe.policy_bench.scenarios import SMOKE, Scenario, Sizes, select
 from sgl_moe.policy_bench.stream import StreamUnit, build_stream, oracle_cached_tokens
+from sgl_moe.router.config import SECRET_FIELDS, RouterConfig
 from sgl_moe.router.request.router_tokenizer import RouterTokenizer
 from sgl_moe.workloads import WORKLOADS, WorkloadConfig
 
@@ -43,6 +44,14 @@ WARMUP_REQUESTS = 6
 ROUTERS = ("longest_block_match", "cache_aware", "round_robin")
 """sgl_moe's default policy, sglang-router's cache_aware, and round robin (sgl_moe's, with Θ admission)."""
 
+
+
+def router_settings(router_args: str) -> dict:
+    """The settings sgl_moe's router runs the matrix with (its defaults and ``--router-args``), keys left out:
+    what a replay of the matrix needs when the defaults have moved since (``simulator.live_replay``)."""
+    cfg = RouterConfig.from_argv(router_args.split())
+    return {name: getattr(cfg, name) for name in cfg.__dataclass_fields__
+            if name not in SECRET_FIELDS and name != "worker_urls"}
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m sgl_moe.policy_bench --matrix", description=__doc__)
@@ -209,7 +218,7 @@ def main(argv: list[str] | None = None) -> int:
                               "processor": platform.processor() or platform.machine()},
                   "workers": len(urls), "model": None if args.smoke or args.worker_urls else args.model,
                   "sizes": vars(sizes), "seed": args.seed, "router_args": args.router_args,
-                  "repeats": args.repeats,
+                  "router_config": router_settings(args.router_args), "repeats": args.repeats,
                   "worker_theta": thetas, "scenarios": []}
         best_rps: dict[str, float] = {}
         t_start = time.time()

@@ -45,6 +45,9 @@ SHORT = {"longest_block_match": "lbm", "cache_aware": "ca", "round_robin": "rr"}
 RATIOS = (("longest_block_match", "cache_aware"), ("longest_block_match", "round_robin"))
 ROUTER_SETTINGS = ("prefix_wait_s", "hold_spills", "max_affinity_wait_s", "pending_ttl_s")
 """Router options the simulation runs as the live router had them (``SimConfig`` fields of the same names)."""
+UNRECORDED_DEFAULTS = ("--prefix-wait-s", "0")
+"""The router's defaults that have moved since matrices began, as flags, for a matrix that did not record its
+router's settings (``router_config``): every such matrix ran before holds became the default (2026-11-26)."""
 MIX_CONTEXT = 4096
 """The context length the live matrix clipped the mix by when a worker reported none (``policy_bench.matrix``)."""
 
@@ -75,7 +78,9 @@ class LiveWorkers:
         overheads = [t.get("request_overhead_flops") or 0.0 for t in thetas]
         if not flops:
             raise ValueError("the matrix JSON lists no worker Θ (worker_theta): it predates this check")
-        cfg = RouterConfig.from_argv((matrix.get("router_args") or "").split())
+        argv = (matrix.get("router_args") or "").split()
+        cfg = RouterConfig.from_argv(argv if "router_config" in matrix else [*UNRECORDED_DEFAULTS, *argv])
+        recorded = matrix.get("router_config") or {}
         theta = cfg.saturation_flops or statistics.median(flops)  # the router's pins win, as in the router
         overhead = cfg.request_overhead_flops
         if overhead is None:
@@ -83,7 +88,7 @@ class LiveWorkers:
         return cls(count=int(matrix["workers"]), pool_tokens=int(matrix["sizes"]["pool_tokens"]),
                    theta_flops=theta, request_overhead_flops=overhead,
                    cpus=int((matrix.get("machine") or {}).get("cpus") or 1),
-                   router={name: getattr(cfg, name) for name in ROUTER_SETTINGS})
+                   router={name: recorded.get(name, getattr(cfg, name)) for name in ROUTER_SETTINGS})
 
 
 def live_sizes(matrix: dict[str, Any]) -> live_scenarios.Sizes:

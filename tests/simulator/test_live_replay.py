@@ -7,7 +7,9 @@ import pytest
 
 from sgl_moe import DEFAULT_MODEL_DIR
 from sgl_moe.policy_bench import scenarios as live_scenarios
+from sgl_moe.policy_bench.matrix import router_settings
 from sgl_moe.policy_bench.prefix_stream import build_prefix_stream
+from sgl_moe.router.config import RouterConfig
 from sgl_moe.router.request.router_tokenizer import RouterTokenizer
 from sgl_moe.simulator.__main__ import main
 from sgl_moe.simulator.live_replay import LiveWorkers, replay_matrix, scenario_config, scenario_units
@@ -64,6 +66,14 @@ def test_arrivals_and_workers_are_the_live_runs():
     assert (bulk.prefix_wait_s, bulk.hold_spills) == (0.25, True)
     pinned = LiveWorkers.of({**matrix, "router_args": "--saturation-flops=5e10 --request-overhead-flops=0"})
     assert (pinned.theta_flops, pinned.request_overhead_flops) == (5e10, 0.0)  # the router's pins win
+    # A matrix that did not record its router's settings ran before holds became the default: replayed without
+    # them. One that did (``router_config``, written by policy_bench since) is replayed with what it recorded.
+    assert LiveWorkers.of({**matrix, "router_args": ""}).router["prefix_wait_s"] == 0.0
+    recorded = router_settings("")
+    assert recorded["prefix_wait_s"] == RouterConfig.prefix_wait_s == 1.0 and "api_key" not in recorded
+    assert LiveWorkers.of({**matrix, "router_args": "", "router_config": recorded}).router["prefix_wait_s"] == 1.0
+    assert LiveWorkers.of({**matrix, "router_config": {**recorded, "prefix_wait_s": 0.5}}).router[
+        "prefix_wait_s"] == 0.5
 
 
 def test_replay_compares_each_ratio_with_the_live_one():
