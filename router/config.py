@@ -11,7 +11,7 @@ from typing import Literal
 from sgl_moe.cli_args import add_dataclass_args, from_namespace
 
 Policy = Literal["longest_block_match", "round_robin", "least_flops"]
-KEY_ENV = {"api_key": "SGL_MOE_API_KEY", "admin_api_key": "SGL_MOE_ADMIN_API_KEY"}
+KEY_ENV = {"api_key": "SGL_MOE_API_KEY", "admin_api_key": "SGL_MOE_ADMIN_API_KEY", "peers_token": "SGL_MOE_PEERS_TOKEN"}
 """Environment variables the keys are read from when their flags are not given (flags show in ``ps``)."""
 SECRET_FIELDS = frozenset(KEY_ENV)
 """Fields never printed or served (``describe_config`` redacts them)."""
@@ -171,6 +171,21 @@ class RouterConfig:
     """Directory with the router's CURVE keys for the workers' KV-event sockets (the router/ folder made by
     `python -m sgl_moe.kv_event_keys DIR`: router.key_secret and worker.key). Needed to read the events of
     workers started with --moe-kv-events-keys; used for every worker's event and replay sockets."""
+    peers: str | None = None
+    """NATS broker through which router replicas in front of the same workers share their pending blocks and
+    in-flight FLOPs (``nats://HOST:4222``; ``nats://USER:PASSWORD@HOST:4222`` for user/password auth), so that N
+    replicas place and admit as one router would. Unset: this router runs alone. Every replica must list the same
+    worker URLs (workers are named by URL between replicas)."""
+    peers_token: str | None = None
+    """Token for the broker's token authentication. Default: $SGL_MOE_PEERS_TOKEN."""
+    peers_cluster: str = "default"
+    """Replicas share state with those of the same cluster name (the NATS subject ``sgl_moe.router.<name>``)."""
+    replica_name: str | None = None
+    """This replica's name among its peers (logs, ``GET /workers``). Default: host, process id and a random tag."""
+    peer_heartbeat_s: float = 1.0
+    """How often a replica publishes its load even when it has not changed (and checks its peers' heartbeats)."""
+    peer_timeout_s: float = 5.0
+    """A replica not heard from this long (killed, partitioned) is dropped: its promises and load are removed."""
     worker_urls: tuple[str, ...] = field(default=())
 
     def validate(self) -> None:
@@ -181,7 +196,8 @@ class RouterConfig:
                 raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
         for name in ("queue_timeout_s", "pending_ttl_s", "health_interval_s", "health_timeout_s", "request_timeout_s",
                      "worker_keepalive_s", "health_stall_s",
-                     "header_timeout_s", "body_timeout_s", "suspect_ttl_s", "abort_timeout_s"):
+                     "header_timeout_s", "body_timeout_s", "suspect_ttl_s", "abort_timeout_s", "peer_heartbeat_s",
+                     "peer_timeout_s"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"--{name.replace('_', '-')} must be positive, got {getattr(self, name)}")
         if self.parse_inline_bytes < 0:
@@ -199,7 +215,13 @@ class RouterConfig:
         for url in self.worker_urls:
             if not url.startswith(("http://", "https://")):
                 raise ValueError(f"worker URL must start with http:// or https://, got {url!r}")
-        for name in ("api_key", "admin_api_key"):
+        if self.peers is not None and not self.peers.startswith(("nats://", "tls://")):
+            raise ValueError(f"--peers must be a NATS URL (nats://HOST:PORT), got {self.peers!r}")
+        if not self.peers_cluster or not all(c.isalnum() or c in "-_" for c in self.peers_cluster):
+            raise ValueError(f"--peers-cluster must be letters, digits, '-' or '_', got {self.peers_cluster!r}")
+        if self.peer_timeout_s <= self.peer_heartbeat_s:
+            raise ValueError("--peer-timeout-s must be longer than --peer-heartbeat-s")
+        for name in ("api_key", "admin_api_key", "peers_token"):
             key = getattr(self, name)
             if key is not None and (not key or key != key.strip() or not key.isprintable()):
                 raise ValueError(f"--{name.replace('_', '-')} must be a non-empty printable string without "

@@ -56,11 +56,26 @@ class _StateCollector:
         def counter(name, doc, labels=()):
             return CounterMetricFamily(PREFIX + name, doc, labels=list(labels))
 
+        peers = router.peers
+        if peers is not None:
+            connected = gauge("peers_connected", "1 while the broker router replicas share state through is "
+                              "reachable (--peers)")
+            connected.add_metric([], 1.0 if peers.state == "connected" else 0.0)
+            live = gauge("peer_replicas", "Other router replicas heard from within --peer-timeout-s")
+            live.add_metric([], float(len(peers.tables.peers)))
+            gaps = counter("peer_message_gaps", "Messages from other replicas lost (a snapshot was asked for)")
+            gaps.add_metric([], float(peers.tables.stats.gaps))
+            expired = counter("peer_expirations", "Replicas dropped after --peer-timeout-s without a message")
+            expired.add_metric([], float(peers.tables.stats.expired))
+            yield from (connected, live, gaps, expired)
         healthy = gauge("worker_healthy", "1 if the worker is in rotation", w_labels)
         committed = gauge("committed_blocks", "Blocks in the worker's committed table (from KV events)", w_labels)
         pending = gauge("pending_blocks", "Blocks in the worker's pending table (promised by routed requests)",
                         w_labels)
-        inflight = gauge("inflight_flops", "In-flight FLOPs reserved on the worker", w_labels)
+        inflight = gauge("inflight_flops", "In-flight FLOPs reserved on the worker (other replicas' included)",
+                         w_labels)
+        peer_inflight = gauge("peer_inflight_flops", "Other router replicas' in-flight FLOPs on the worker (--peers)",
+                              w_labels)
         theta = gauge("theta_flops", "Saturation threshold Θ of the worker", w_labels)
         inflight_req = gauge("inflight_requests", "Requests in flight on the worker", w_labels)
         routed = counter("routed_requests", "Requests dispatched to the worker", w_labels)
@@ -88,6 +103,7 @@ class _StateCollector:
             committed.add_metric(lab, c)
             pending.add_metric(lab, p)
             inflight.add_metric(lab, w.inflight_flops)
+            peer_inflight.add_metric(lab, w.peer_flops)
             theta.add_metric(lab, w.theta)
             inflight_req.add_metric(lab, w.inflight_requests)
             routed.add_metric(lab, w.counters.requests)
@@ -103,7 +119,8 @@ class _StateCollector:
             lag.add_metric(lab, max((x.stats.last_lag_s for x in w.listeners), default=0.0))
             restarts.add_metric(lab, w.counters.restarts)
             handshakes.add_metric(lab, sum(x.stats.handshake_failures for x in w.listeners))
-        yield from (healthy, committed, pending, inflight, theta, inflight_req, routed, predicted, reported, ev,
+        yield from (healthy, committed, pending, inflight, peer_inflight, theta, inflight_req, routed, predicted,
+                    reported, ev,
                     gaps, replays, replay_fail, resets, lag, restarts, handshakes)
         depth = gauge("queue_depth", "Requests waiting for admission")
         depth.add_metric([], len(sched.queue))

@@ -43,6 +43,9 @@ from sgl_moe.router.placement.pending import PendingLedger
 from sgl_moe.router.placement.quarantine import QuarantineLane
 from sgl_moe.router.placement.scheduler import NoWorkers, QueueFull, QueueTimeout, Scheduler, refusal
 from sgl_moe.router.placement.suspects import Suspect, SuspectList
+from sgl_moe.router.replicas.messages import Load
+from sgl_moe.router.replicas.peer_link import PeerLink, public_url
+from sgl_moe.router.replicas.peer_tables import PeerTables
 from sgl_moe.router.request.parsed_request import ParsedRequest
 from sgl_moe.router.request.prompt_keys import prompt_keys
 from sgl_moe.wire import to_builtins
@@ -80,6 +83,8 @@ class Router:
         """Requests are placed in the order their bodies arrived (``arrival_order``), wherever they were parsed."""
         self._pump_due = False
         """A pump is scheduled for the next turn of the event loop (``_on_capacity``)."""
+        self.peers: PeerLink | None = None
+        """The link to the other router replicas (``--peers``); None: this router runs alone."""
 
     # -- lifecycle ---------------------------------------------------------------------------
     async def start(self, app: web.Application) -> None:
@@ -100,6 +105,43 @@ class Router:
             self._tasks.append(asyncio.create_task(self._add_initial(url), name=f"add {url}"))
         if self.sockets is not None:
             await self._start_fronts(self.sockets)
+        if self.cfg.peers is not None:
+            await self._start_peers()
+
+    async def _start_peers(self) -> None:
+        """Share pending blocks and load with the other replicas through the broker (``replicas``)."""
+        cfg, pool, sched = self.cfg, self.pool, self.scheduler
+
+        def worker_at(url: str):
+            return next((w for w in pool.workers.values() if w.url == url.rstrip("/")), None)
+
+        def slot_of(url: str, rank: int) -> int | None:
+            w = worker_at(url)
+            return w.slots.get(rank) if w is not None else None
+
+        def where(slot: int) -> tuple[str, int] | None:
+            w = pool.worker_of_slot(slot)
+            if w is None:
+                return None
+            return w.url, next(r for r, s in w.slots.items() if s == slot)
+
+        def set_peer_load(url: str, flops: float) -> None:
+            w = worker_at(url)
+            if w is not None and w.peer_flops != flops:
+                sched.set_peer_load(w, flops)
+
+        def own_load() -> Load:
+            return Load({w.url: (w.inflight_flops - w.peer_flops if w.inflight_requests else 0.0)
+                         for w in pool.workers.values()}, len(sched.queue))
+
+        tables = PeerTables(index=self.index, slot_of=slot_of, set_peer_load=set_peer_load,
+                            timeout_s=cfg.peer_timeout_s)
+        self.peers = PeerLink(url=cfg.peers, subject=f"sgl_moe.router.{cfg.peers_cluster}", replica=cfg.replica_name,
+                              token=cfg.peers_token, tables=tables, where=where, own_load=own_load,
+                              heartbeat_s=cfg.peer_heartbeat_s)
+        self.ledger.observer = self.peers
+        sched.on_load = self.peers.load_changed
+        await self.peers.start()
 
     async def _start_fronts(self, sockets: FrontSockets) -> None:
         """Serve placements on ``sockets.placement`` and start the front processes; wait until each connected."""
@@ -117,6 +159,8 @@ class Router:
         log.info("%d front processes connected; this process owns placement", len(self.owner.fronts))
 
     async def stop(self, app: web.Application) -> None:
+        if self.peers is not None:
+            await self.peers.close()
         if self.fronts is not None:
             await self.fronts.stop()
         if self.owner is not None:
@@ -414,7 +458,8 @@ class Router:
 
     async def list_workers(self, request: web.Request) -> web.Response:
         body = {"workers": [w.describe(self.index) for w in self.pool.workers.values()],
-                "policy": self.cfg.policy, "queue_depth": len(self.scheduler.queue)}
+                "policy": self.cfg.policy, "queue_depth": len(self.scheduler.queue),
+                "peers": self.peers.describe() if self.peers is not None else None}
         return web.Response(body=orjson.dumps(body), content_type="application/json")
 
     async def add_worker(self, request: web.Request) -> web.Response:
@@ -509,5 +554,8 @@ def build_app(cfg: RouterConfig, sockets: FrontSockets | None = None) -> web.App
 
 def describe_config(cfg: RouterConfig) -> dict[str, Any]:
     """The settings, keys redacted."""
-    return {k: ("<set>" if getattr(cfg, k) else None) if k in SECRET_FIELDS else getattr(cfg, k)
-            for k in cfg.__dataclass_fields__}
+    shown = {k: ("<set>" if getattr(cfg, k) else None) if k in SECRET_FIELDS else getattr(cfg, k)
+             for k in cfg.__dataclass_fields__}
+    if cfg.peers:
+        shown["peers"] = public_url(cfg.peers)  # without a user:password it may carry
+    return shown

@@ -82,6 +82,9 @@ class Worker:
     ``--prefix-wait-s``)."""
     state: str = HEALTHY
     inflight_flops: float = 0.0
+    """FLOPs in flight here: this router's reservations plus ``peer_flops``."""
+    peer_flops: float = 0.0
+    """The other router replicas' in-flight FLOPs here, as they last published them (``--peers``; 0 alone)."""
     inflight_requests: int = 0
     peak_inflight_requests: int = 0
     health_failures: int = 0
@@ -197,7 +200,8 @@ class Worker:
             "page_size": self.page_size, "dp_size": len(self.slots),
             "learned": self.learned or {"info": f"the worker itself (GET {INFO_PATH})"},
             "committed_blocks": committed, "pending_blocks": pending,
-            "inflight_flops": self.inflight_flops, "theta_flops": self.theta, "theta_source": self.theta_source,
+            "inflight_flops": self.inflight_flops, "peer_inflight_flops": self.peer_flops,
+            "theta_flops": self.theta, "theta_source": self.theta_source,
             "request_overhead_flops": self.request_overhead_flops,
             "inflight_requests": self.inflight_requests, "peak_inflight_requests": self.peak_inflight_requests,
             "completed_requests": self.completed_requests,

@@ -9,8 +9,10 @@ evicted before they were reported, KV cache disabled).
 
 from __future__ import annotations
 
+import itertools
 import time
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from sgl_moe.router.placement.block_index import BlockIndex
 
@@ -21,6 +23,16 @@ class Promise:
     slot: int
     keys: list[int]
     completed_at: float | None = None
+    serial: int = 0
+    """The ledger's number for it (other router replicas name it by this: ``replicas``)."""
+
+
+class LedgerObserver(Protocol):
+    """Told of every promise made and retired (the replica link publishes them to the other replicas)."""
+
+    def promised(self, p: Promise) -> None: ...
+
+    def retired(self, p: Promise) -> None: ...
 
 
 @dataclass
@@ -37,11 +49,16 @@ class PendingLedger:
     ttl_s: float
     stats: PendingStats = field(default_factory=PendingStats)
     _awaiting_store: dict[int, list[Promise]] = field(default_factory=dict)
+    observer: LedgerObserver | None = None
+    _serials: itertools.count = field(default_factory=itertools.count)
 
     def promise(self, rid: str, slot: int, keys: list[int]) -> Promise:
         self.index.promise(slot, keys)
         self.stats.promised += 1
-        return Promise(rid, slot, keys)
+        p = Promise(rid, slot, keys, serial=next(self._serials))
+        if self.observer is not None:
+            self.observer.promised(p)
+        return p
 
     def complete(self, p: Promise, now: float | None = None) -> None:
         p.completed_at = time.monotonic() if now is None else now
@@ -49,6 +66,8 @@ class PendingLedger:
         if index.all_committed(p.slot, p.keys):
             index.retire(p.slot, p.keys)
             self.stats.retired_stored += 1
+            if self.observer is not None:
+                self.observer.retired(p)
         else:
             waiting = self._awaiting_store.get(p.slot)
             if waiting is None:
@@ -66,10 +85,12 @@ class PendingLedger:
         if not waiting:
             return
         keep = []
-        all_committed, retire = self.index.all_committed, self.index.retire
+        all_committed, retire, observer = self.index.all_committed, self.index.retire, self.observer
         for p in waiting:
             if all_committed(slot, p.keys):
                 retire(slot, p.keys)
+                if observer is not None:
+                    observer.retired(p)
             else:
                 keep.append(p)
         self.stats.retired_stored += len(waiting) - len(keep)
@@ -93,7 +114,12 @@ class PendingLedger:
 
     def forget_slot(self, slot: int) -> None:
         """The target is gone (its tables are purged by the index)."""
-        self._awaiting_store.pop(slot, None)
+        gone = self._awaiting_store.pop(slot, None)
+        if gone and self.observer is not None:
+            for p in gone:
+                self.observer.retired(p)
 
     def _retire(self, p: Promise) -> None:
         self.index.retire(p.slot, p.keys)
+        if self.observer is not None:
+            self.observer.retired(p)

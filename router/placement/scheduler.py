@@ -141,6 +141,9 @@ class Scheduler:
         (``Router._on_capacity``): the releases of one finished batch arrive together, and each pump re-scores
         up to ``PUMP_SCAN_LIMIT`` queued jobs, so one pump after all of them does the work of many. The simulator
         sets one that pumps after each engine step's releases."""
+        self.on_load: Callable[[Worker], None] | None = None
+        """Hook: told after this router's own load on a worker changed (a booking or a release); the replica link
+        (``--peers``) publishes it."""
 
     # -- requests --------------------------------------------------------------------------------
     async def acquire(self, job: Job) -> Placement:
@@ -199,10 +202,13 @@ class Scheduler:
         worker.inflight_requests -= 1
         worker.note_finished(placement.cost, self.clock())
         before = worker.inflight_flops
-        # The same number that was added at dispatch; exactly zero when idle (no float residue).
-        worker.inflight_flops = worker.inflight_flops - placement.cost if worker.inflight_requests else 0.0
+        # The same number that was added at dispatch; exactly the other replicas' share when idle (no float residue).
+        worker.inflight_flops = (worker.inflight_flops - placement.cost if worker.inflight_requests
+                                 else worker.peer_flops)
         if self._view is not None:
             self._view.moved(worker, before)
+        if self.on_load is not None:
+            self.on_load(worker)
         if placement.promise is not None:
             if ok:
                 self.ledger.complete(placement.promise, now=self.clock())
@@ -212,6 +218,20 @@ class Scheduler:
             self.pump_soon()
         else:
             self.pump()
+
+    def set_peer_load(self, worker: Worker, flops: float) -> None:
+        """The other router replicas now have ``flops`` in flight on ``worker`` (``replicas.peer_tables``): its load
+        moves by the change, and a drop may let queued requests run."""
+        before = worker.inflight_flops
+        old, worker.peer_flops = worker.peer_flops, flops
+        worker.inflight_flops = before + flops - old if worker.inflight_requests else flops
+        if self._view is not None:
+            self._view.moved(worker, before)
+        if flops < old:
+            if self.pump_soon is not None:
+                self.pump_soon()
+            else:
+                self.pump()
 
     def pump(self) -> None:
         """Place queued requests, in FIFO order, while some worker has room: two passes over the queue.
@@ -391,6 +411,8 @@ class Scheduler:
         view = self._view
         if view is not None:
             view.moved(w, before)
+        if self.on_load is not None:
+            self.on_load(w)
         w.note_started(now)
         inflight = w.inflight_requests = w.inflight_requests + 1
         if inflight > w.peak_inflight_requests:

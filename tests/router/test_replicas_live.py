@@ -1,0 +1,169 @@
+"""Two router replicas (``--peers``) sharing pending blocks and load through a real ``nats-server`` (token auth), in
+front of the same stand-in workers served from the test process: a request routed by one replica is seen by the
+other while it runs (its promised blocks matched, its FLOPs counted), and is gone from it when done; with the broker
+killed each replica keeps serving and says so, and with the broker back they share state again."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import httpx
+import pytest
+
+from sgl_moe.harness.router_process import RouterProcess
+from sgl_moe.harness.worker_process import free_port
+from sgl_moe.policy_bench.standin import StandInFleet
+
+TOKEN = "test-peers-token"
+
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+class NatsServer:
+    """The broker as the README starts it: ``bash tools/nats_server.sh PORT`` with ``$SGL_MOE_PEERS_TOKEN`` set."""
+
+    def __init__(self, port: int, log: Path) -> None:
+        self.port, self.log = port, log
+        self.proc: subprocess.Popen | None = None
+
+    def start(self) -> NatsServer:
+        with open(self.log, "ab") as out:
+            self.proc = subprocess.Popen(["bash", str(REPO / "tools" / "nats_server.sh"), str(self.port)],
+                                         stdout=out, stderr=subprocess.STDOUT,
+                                         env={**os.environ, "SGL_MOE_PEERS_TOKEN": TOKEN})
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            try:
+                with socket.create_connection(("127.0.0.1", self.port), timeout=0.5):
+                    return self
+            except OSError:
+                if self.proc.poll() is not None:
+                    break
+                time.sleep(0.1)
+        raise RuntimeError(f"nats-server did not listen on {self.port}: {self.log.read_text()[-2000:]}")
+
+    def kill(self) -> None:
+        if self.proc is not None:
+            self.proc.kill()  # the script exec'd nats-server: this is the broker itself
+            self.proc.wait(10)
+
+
+def workers(router: RouterProcess) -> dict:
+    return httpx.get(f"{router.url}/workers", timeout=10).json()
+
+
+def wait_for(what: str, check, timeout: float = 20.0):
+    deadline = time.monotonic() + timeout
+    while True:
+        value = check()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"not within {timeout:g} s: {what}")
+        time.sleep(0.1)
+
+
+def by_url(view: dict) -> dict[str, dict]:
+    return {w["url"]: w for w in view["workers"]}
+
+
+def prompt(tail: str) -> str:
+    rules = "\n".join(f"{i}. Label the ticket by its topic {i} and its urgency, in one word." for i in range(24))
+    return f"Rules:\n{rules}\nTicket: {tail}\nLabel:"
+
+
+@pytest.fixture
+def cluster(tmp_path):
+    port = free_port("127.0.0.1")
+    broker = NatsServer(port, tmp_path / "nats.log").start()
+    # Slow stand-ins (about 1.5 s per 500-token prompt) keep a request in flight long enough to look at it.
+    fleet = StandInFleet(2, 8192, per_token_s=3e-3, step_s=0.0).start()
+    routers = []
+    try:
+        for name in ("a", "b"):
+            r = RouterProcess(log_path=tmp_path / f"router-{name}.log", worker_urls=fleet.urls,
+                              args=["--peers", f"nats://127.0.0.1:{port}", "--peers-token", TOKEN,
+                                    "--replica-name", name, "--peer-heartbeat-s", "0.2", "--peer-timeout-s", "2"])
+            r.start()
+            r.wait_ready(timeout=90)
+            routers.append(r)
+        yield broker, fleet, routers
+    finally:
+        for r in routers:
+            r.stop()
+        fleet.stop()
+        broker.kill()
+
+
+def test_replicas_share_promised_blocks_and_load_and_survive_the_broker(cluster, tmp_path):
+    broker, fleet, (a, b) = cluster
+    for me, other in ((a, "b"), (b, "a")):
+        wait_for(f"{me.url} connected and synced with {other}",
+                 lambda me=me, other=other: workers(me)["peers"]["state"] == "connected"
+                 and workers(me)["peers"]["replicas"].get(other, {}).get("synced"))
+    assert workers(a)["peers"]["broker"] == f"nats://127.0.0.1:{broker.port}"  # no token in it
+
+    body = {"text": prompt("the printer on floor 3 is out of toner"), "sampling_params": {"max_new_tokens": 1}}
+    with ThreadPoolExecutor(1) as pool:
+        first = pool.submit(httpx.post, f"{a.url}/generate", json=body, timeout=60)
+        # While it runs on the worker A chose, B sees its promised blocks and its FLOPs there.
+        busy = wait_for("B sees A's request", lambda: next(
+            (u for u, w in by_url(workers(b)).items() if w["peer_inflight_flops"] > 0 and w["pending_blocks"] > 0),
+            None))
+        follower = httpx.post(f"{b.url}/generate", timeout=60, json={
+            "text": prompt("the badge reader at the north door beeps"), "sampling_params": {"max_new_tokens": 1}})
+        r1 = first.result()
+    assert r1.status_code == 200 and follower.status_code == 200, (r1.text, follower.text)
+    a_ids = {w["id"]: w["url"] for w in workers(a)["workers"]}
+    b_ids = {w["id"]: w["url"] for w in workers(b)["workers"]}
+    assert a_ids[r1.headers["x-sgl-moe-worker"]] == busy
+    # B placed the follower on the worker computing the shared prefix for A's request, and counted it as cached.
+    assert b_ids[follower.headers["x-sgl-moe-worker"]] == busy
+    assert int(follower.headers["x-sgl-moe-predicted-cached-tokens"]) >= 256
+    # Done on A: its load leaves B's view (its blocks stay until stored or its TTL: the stand-ins send no events).
+    wait_for("A's load gone from B", lambda: all(w["peer_inflight_flops"] == 0 for w in workers(b)["workers"]))
+
+    broker.kill()
+    wait_for("A says the broker is unreachable", lambda: workers(a)["peers"]["state"] == "unreachable")
+    alone = httpx.post(f"{a.url}/generate", json={"text": "hello", "sampling_params": {"max_new_tokens": 1}},
+                       timeout=60)
+    assert alone.status_code == 200, alone.text
+    wait_for("B dropped A once its heartbeats stopped", lambda: "a" not in workers(b)["peers"]["replicas"])
+    metrics = httpx.get(f"{a.url}/metrics", timeout=10).text
+    assert "sgl_moe_router_peers_connected 0.0" in metrics
+
+    again = NatsServer(broker.port, tmp_path / "nats2.log").start()
+    try:
+        for me, other in ((a, "b"), (b, "a")):
+            wait_for(f"{me.url} reconnected and synced with {other}",
+                     lambda me=me, other=other: workers(me)["peers"]["state"] == "connected"
+                     and workers(me)["peers"]["replicas"].get(other, {}).get("synced"), timeout=30)
+    finally:
+        again.kill()
+
+
+def test_a_wrong_token_leaves_the_router_serving_alone(tmp_path):
+    port = free_port("127.0.0.1")
+    broker = NatsServer(port, tmp_path / "nats.log").start()
+    fleet = StandInFleet(1, 4096, per_token_s=0.0, step_s=0.0).start()
+    r = RouterProcess(log_path=tmp_path / "router.log", worker_urls=fleet.urls,
+                      args=["--peers", f"nats://127.0.0.1:{port}", "--peers-token", "not-the-token"])
+    try:
+        r.start()
+        r.wait_ready(timeout=90)
+        wait_for("unreachable", lambda: workers(r)["peers"]["state"] == "unreachable")
+        ok = httpx.post(f"{r.url}/generate", json={"text": "hello", "sampling_params": {"max_new_tokens": 1}},
+                        timeout=60)
+        assert ok.status_code == 200, ok.text
+        assert "not-the-token" not in r.log_text()
+    finally:
+        r.stop()
+        fleet.stop()
+        broker.kill()
+
