@@ -1,0 +1,250 @@
+"""Router replicas: 1 router, then N replicas alone and N replicas sharing state through NATS (``--peers``), on the
+same stream against the same kind of workers, requests spread round-robin across the replicas.
+
+    .venv/bin/python benchmarks/replicas_bench.py [--replicas 2 4] [--workers 3] [--requests 240] [--clients 24]
+        [--groups 24] [--prefix-tokens 256] [--suffix-tokens 32] [--pool-tokens 3072] [--theta-requests 4]
+        [--per-token-s 1e-3] [--seed 0] [--out FILE.json]
+
+Smallest run (what the test runs): ``--replicas 2 --requests 24 --clients 4 --groups 4``.
+
+Workers: stand-ins (``sgl_moe.policy_bench.standin``, served from a thread of this script) that take
+``--per-token-s`` per computed token, one batch at a time, and keep an LRU prefix cache of ``--pool-tokens``; fresh
+for every configuration. Every router has Θ pinned to ``--theta-requests`` full requests of FLOPs and no request
+overhead, so admission is the same arithmetic everywhere. The broker is ``tools/nats_server.sh``.
+
+Stream: ``policy_bench``'s shared-prefix stream (Zipf-popular groups), ``--clients`` closed-loop clients, client
+``i`` sending to replica ``i mod N``.
+
+Figures per configuration:
+
+* **req/s** and the **cached fraction** the workers reported (cached tokens over prompt tokens);
+* **Θ overcommit**: every 20 ms each replica's ``GET /workers`` is read and, per worker, the replicas' own in-flight
+  FLOPs (``inflight_flops - peer_inflight_flops``) are summed; the largest sum over Θ (1.0: exactly at Θ), how far
+  past Θ that is in full requests (one router admits while below Θ, so it passes Θ by less than one), and the share
+  of samples with some worker past Θ by more than one request;
+* **load CoV**: the coefficient of variation across workers of those sums, averaged over the samples with load.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import shlex
+import socket
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import aiohttp
+import httpx
+import orjson
+
+from sgl_moe import DEFAULT_MODEL_DIR
+from sgl_moe.flops import FlopsModel
+from sgl_moe.harness.router_process import RouterProcess
+from sgl_moe.harness.worker_process import free_port
+from sgl_moe.policy_bench.prefix_stream import PrefixStreamConfig, build_prefix_stream
+from sgl_moe.policy_bench.standin import StandInFleet
+from sgl_moe.router.request.router_tokenizer import RouterTokenizer
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def start_broker(port: int, log: Path) -> subprocess.Popen:
+    out = open(log, "ab")
+    proc = subprocess.Popen(["bash", str(REPO / "tools" / "nats_server.sh"), str(port)], stdout=out,
+                            stderr=subprocess.STDOUT)
+    out.close()
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.5):
+                return proc
+        except OSError:
+            if proc.poll() is not None:
+                break
+            time.sleep(0.1)
+    raise SystemExit(f"the broker did not start: {log.read_text()[-2000:]}")
+
+
+class Sampler:
+    """Reads every replica's ``GET /workers`` every ``period_s`` in a thread: per worker URL, the replicas' own
+    in-flight FLOPs summed."""
+
+    def __init__(self, urls: list[str], theta: float, one_request: float, period_s: float = 0.02) -> None:
+        self.urls, self.theta, self.one_request, self.period_s = urls, theta, one_request, period_s
+        self.samples: list[dict[str, float]] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        with httpx.Client(timeout=5) as c:
+            while not self._stop.is_set():
+                total: dict[str, float] = {}
+                try:
+                    for url in self.urls:
+                        for w in c.get(f"{url}/workers").json()["workers"]:
+                            own = w["inflight_flops"] - w.get("peer_inflight_flops", 0.0)
+                            total[w["url"]] = total.get(w["url"], 0.0) + max(0.0, own)
+                except (httpx.HTTPError, ValueError, KeyError):
+                    continue
+                self.samples.append(total)
+                time.sleep(self.period_s)
+
+    def __enter__(self) -> Sampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join(10)
+
+    def summary(self) -> dict[str, float]:
+        loaded = [s for s in self.samples if sum(s.values()) > 0]
+        peak = max((v for s in self.samples for v in s.values()), default=0.0)
+        past = sum(any(v > self.theta + self.one_request * 1.001 for v in s.values()) for s in loaded)
+        covs = [statistics.pstdev(s.values()) / statistics.fmean(s.values()) for s in loaded if len(s) > 1]
+        return {"samples": len(self.samples), "max_load_over_theta": peak / self.theta,
+                "max_overcommit_requests": max(0.0, peak - self.theta) / self.one_request,
+                "share_past_theta_plus_one": past / len(loaded) if loaded else 0.0,
+                "load_cov": statistics.fmean(covs) if covs else 0.0}
+
+
+async def drive(urls: list[str], bodies: list[bytes], clients: int) -> tuple[list[tuple[int, int, int]], float]:
+    """Closed loop; client ``i`` sends to ``urls[i % len(urls)]``. (status, prompt tokens, cached tokens) each."""
+    out: list[tuple[int, int, int]] = []
+    nxt = 0
+    t0 = time.perf_counter()
+
+    async def client(i: int, session: aiohttp.ClientSession) -> None:
+        nonlocal nxt
+        url = urls[i % len(urls)]
+        while nxt < len(bodies):
+            body = bodies[nxt]
+            nxt += 1
+            async with session.post(f"{url}/generate", data=body,
+                                    headers={"content-type": "application/json"}) as resp:
+                payload = await resp.read()
+            if resp.status != 200:
+                out.append((resp.status, 0, 0))
+                continue
+            meta = orjson.loads(payload).get("meta_info", {})
+            out.append((200, int(meta.get("prompt_tokens", 0)), int(meta.get("cached_tokens", 0))))
+
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=600),
+                                     connector=aiohttp.TCPConnector(limit=0)) as session:
+        await asyncio.gather(*(client(i, session) for i in range(clients)))
+    return out, time.perf_counter() - t0
+
+
+def wait_synced(routers: list[RouterProcess], timeout: float = 30.0) -> None:
+    names = {f"r{i}" for i in range(len(routers))}
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        views = [httpx.get(f"{r.url}/workers", timeout=5).json()["peers"] for r in routers]
+        if all(v["state"] == "connected" and
+               {k for k, p in v["replicas"].items() if p["synced"]} >= names - {v["replica"]} for v in views):
+            return
+        time.sleep(0.1)
+    raise SystemExit("the replicas did not see each other through the broker in time")
+
+
+def run_config(name: str, replicas: int, peers: str | None, args, bodies: list[bytes], theta: float,
+               one_request: float, log_dir: Path) -> dict:
+    with StandInFleet(args.workers, args.pool_tokens, per_token_s=args.per_token_s, step_s=0.0) as fleet:
+        routers = []
+        try:
+            for i in range(replicas):
+                extra = ["--saturation-flops", repr(theta), "--request-overhead-flops", "0"]
+                if peers is not None:
+                    extra += ["--peers", peers, "--peers-cluster", name.replace(" ", "-"), "--replica-name", f"r{i}"]
+                r = RouterProcess(log_path=log_dir / f"{name.replace(' ', '-')}-r{i}.log", worker_urls=fleet.urls,
+                                  args=extra)
+                routers.append(r.start())
+            for r in routers:
+                r.wait_ready(timeout=120)
+            if peers is not None:
+                wait_synced(routers)
+            with Sampler([r.url for r in routers], theta, one_request) as sampler:
+                records, wall = asyncio.run(drive([r.url for r in routers], bodies, args.clients))
+        finally:
+            for r in routers:
+                r.stop()
+    ok = [r for r in records if r[0] == 200]
+    prompt, cached = sum(r[1] for r in ok), sum(r[2] for r in ok)
+    row = {"config": name, "replicas": replicas, "peers": peers is not None, "requests": len(records),
+           "errors": len(records) - len(ok), "req_per_s": len(ok) / wall, "cached_fraction": cached / max(1, prompt),
+           **sampler.summary()}
+    print(f"[{name}] {row['req_per_s']:.1f} req/s, cached {row['cached_fraction']:.3f}, max load "
+          f"{row['max_load_over_theta']:.2f} Θ, load CoV {row['load_cov']:.2f}, errors {row['errors']}",
+          file=sys.stderr, flush=True)
+    return row
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--replicas", nargs="+", type=int, default=[2, 4])
+    p.add_argument("--workers", type=int, default=3)
+    p.add_argument("--requests", type=int, default=240)
+    p.add_argument("--clients", type=int, default=24)
+    p.add_argument("--groups", type=int, default=24)
+    p.add_argument("--prefix-tokens", type=int, default=256)
+    p.add_argument("--suffix-tokens", type=int, default=32)
+    p.add_argument("--pool-tokens", type=int, default=3072)
+    p.add_argument("--theta-requests", type=float, default=4.0, help="Θ in full requests of FLOPs")
+    p.add_argument("--per-token-s", type=float, default=1e-3, help="stand-in seconds per computed token")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--log-dir", type=Path, default=Path(".work/logs/replicas_bench"))
+    p.add_argument("--out", type=Path)
+    args = p.parse_args(argv)
+    for name in ("workers", "requests", "clients", "groups", "prefix_tokens", "suffix_tokens", "pool_tokens"):
+        if getattr(args, name) < 1:
+            p.error(f"--{name.replace('_', '-')} must be positive")
+    if any(n < 2 for n in args.replicas):
+        p.error("--replicas lists replica counts of 2 or more (one router always runs first)")
+    args.log_dir.mkdir(parents=True, exist_ok=True)
+
+    tok = RouterTokenizer.from_dir(DEFAULT_MODEL_DIR)
+    units = build_prefix_stream(PrefixStreamConfig(args.requests, args.groups, args.prefix_tokens,
+                                                   args.suffix_tokens, seed=args.seed), tok)
+    bodies = [orjson.dumps(u.body()) for u in units]
+    flops = FlopsModel.from_hf_config(json.loads((DEFAULT_MODEL_DIR / "config.json").read_text()))
+    one_request = flops.request_flops(0, args.prefix_tokens + args.suffix_tokens)
+    theta = args.theta_requests * one_request
+
+    port = free_port("127.0.0.1")
+    broker = start_broker(port, args.log_dir / "nats.log")
+    rows = []
+    try:
+        rows.append(run_config("1 router", 1, None, args, bodies, theta, one_request, args.log_dir))
+        for n in args.replicas:
+            rows.append(run_config(f"{n} alone", n, None, args, bodies, theta, one_request, args.log_dir))
+            rows.append(run_config(f"{n} peers", n, f"nats://127.0.0.1:{port}", args, bodies, theta, one_request,
+                                   args.log_dir))
+    finally:
+        broker.kill()
+        broker.wait(10)
+
+    print("| routers | req/s | cached fraction | max load / Θ | past Θ by (requests) | samples past Θ + 1 request "
+          "| load CoV | errors |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|")
+    for r in rows:
+        print(f"| {r['config']} | {r['req_per_s']:.1f} | {r['cached_fraction']:.3f} | {r['max_load_over_theta']:.2f} | "
+              f"{r['max_overcommit_requests']:.1f} | {r['share_past_theta_plus_one']:.1%} | {r['load_cov']:.2f} | "
+              f"{r['errors']} |")
+    if args.out:
+        args.out.write_text(json.dumps({
+            "command": "benchmarks/replicas_bench.py " + shlex.join(sys.argv[1:] if argv is None else argv),
+            "machine": {"platform": platform.platform(), "cpu_count": os.cpu_count()},
+            "theta_flops": theta, "one_request_flops": one_request, "rows": rows}, indent=1))
+    return 0 if all(r["errors"] == 0 for r in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
