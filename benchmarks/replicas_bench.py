@@ -3,7 +3,7 @@ same stream against the same kind of workers, requests spread round-robin across
 
     .venv/bin/python benchmarks/replicas_bench.py [--replicas 2 4] [--workers 3] [--requests 240] [--clients 24]
         [--groups 24] [--prefix-tokens 256] [--suffix-tokens 32] [--pool-tokens 3072] [--theta-requests 4]
-        [--per-token-s 1e-3] [--seed 0] [--out FILE.json]
+        [--per-token-s 1e-3] [--kill-replica] [--seed 0] [--out FILE.json]
 
 Smallest run (what the test runs): ``--replicas 2 --requests 24 --clients 4 --groups 4``.
 
@@ -22,7 +22,11 @@ Figures per configuration:
   FLOPs (``inflight_flops - peer_inflight_flops``) are summed; the largest sum over Θ (1.0: exactly at Θ), how far
   past Θ that is in full requests (one router admits while below Θ, so it passes Θ by less than one), and the share
   of samples with some worker past Θ by more than one request;
-* **load CoV**: the coefficient of variation across workers of those sums, averaged over the samples with load.
+* **load CoV**: the coefficient of variation across workers of those sums, averaged over the samples with load;
+* **failed first try / lost after one retry**: a client whose request fails (its replica gone, or a 5xx) resends it
+  once to the next replica and stays there. With ``--kill-replica`` each peers configuration runs again with its
+  last replica SIGKILLed when half the stream has been sent (load sampled on the survivors), and the survivors'
+  time to drop the dead replica's promises and load is reported (``--peer-timeout-s`` of the routers, 5 s).
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ import json
 import os
 import platform
 import shlex
+import signal
 import socket
 import statistics
 import subprocess
@@ -116,23 +121,40 @@ class Sampler:
                 "load_cov": statistics.fmean(covs) if covs else 0.0}
 
 
-async def drive(urls: list[str], bodies: list[bytes], clients: int) -> tuple[list[tuple[int, int, int]], float]:
-    """Closed loop; client ``i`` sends to ``urls[i % len(urls)]``. (status, prompt tokens, cached tokens) each."""
+async def drive(urls: list[str], bodies: list[bytes], clients: int, kill_at: int | None = None,
+                kill=None) -> tuple[list[tuple[int, int, int]], float, int]:
+    """Closed loop; client ``i`` sends to ``urls[i % len(urls)]``. (status, prompt tokens, cached tokens) each, the
+    wall time, and how many requests failed on their first try. A request that fails (the replica is gone, or
+    answered 5xx) is retried once on the next replica, which that client then keeps (a client's retry). ``kill``
+    is called once ``kill_at`` requests have been sent."""
     out: list[tuple[int, int, int]] = []
     nxt = 0
+    first_failures = 0
     t0 = time.perf_counter()
 
+    async def post(session: aiohttp.ClientSession, url: str, body: bytes) -> tuple[int, bytes]:
+        try:
+            async with session.post(f"{url}/generate", data=body,
+                                    headers={"content-type": "application/json"}) as resp:
+                return resp.status, await resp.read()
+        except (aiohttp.ClientError, TimeoutError):
+            return 0, b""
+
     async def client(i: int, session: aiohttp.ClientSession) -> None:
-        nonlocal nxt
-        url = urls[i % len(urls)]
+        nonlocal nxt, first_failures
+        at = i % len(urls)
         while nxt < len(bodies):
             body = bodies[nxt]
             nxt += 1
-            async with session.post(f"{url}/generate", data=body,
-                                    headers={"content-type": "application/json"}) as resp:
-                payload = await resp.read()
-            if resp.status != 200:
-                out.append((resp.status, 0, 0))
+            if kill is not None and nxt == kill_at:
+                kill()
+            status, payload = await post(session, urls[at], body)
+            if status == 0 or status >= 500:
+                first_failures += 1
+                at = (at + 1) % len(urls)
+                status, payload = await post(session, urls[at], body)
+            if status != 200:
+                out.append((status, 0, 0))
                 continue
             meta = orjson.loads(payload).get("meta_info", {})
             out.append((200, int(meta.get("prompt_tokens", 0)), int(meta.get("cached_tokens", 0))))
@@ -140,7 +162,24 @@ async def drive(urls: list[str], bodies: list[bytes], clients: int) -> tuple[lis
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=600),
                                      connector=aiohttp.TCPConnector(limit=0)) as session:
         await asyncio.gather(*(client(i, session) for i in range(clients)))
-    return out, time.perf_counter() - t0
+    return out, time.perf_counter() - t0, first_failures
+
+
+def slug(name: str) -> str:
+    return "".join(c if c.isalnum() else "-" for c in name)
+
+
+def watch_drop(url: str, replica: str, killed: dict[str, float]) -> None:
+    """Record when the router at ``url`` stops listing ``replica`` among its peers."""
+    with httpx.Client(timeout=5) as c:
+        while time.monotonic() - killed["at"] < 60:
+            try:
+                if replica not in c.get(f"{url}/workers").json()["peers"]["replicas"]:
+                    killed["dropped_after_s"] = time.monotonic() - killed["at"]
+                    return
+            except (httpx.HTTPError, ValueError, KeyError):
+                pass
+            time.sleep(0.05)
 
 
 def wait_synced(routers: list[RouterProcess], timeout: float = 30.0) -> None:
@@ -156,23 +195,37 @@ def wait_synced(routers: list[RouterProcess], timeout: float = 30.0) -> None:
 
 
 def run_config(name: str, replicas: int, peers: str | None, args, bodies: list[bytes], theta: float,
-               one_request: float, log_dir: Path) -> dict:
+               one_request: float, log_dir: Path, kill_one: bool = False) -> dict:
     with StandInFleet(args.workers, args.pool_tokens, per_token_s=args.per_token_s, step_s=0.0) as fleet:
         routers = []
         try:
             for i in range(replicas):
                 extra = ["--saturation-flops", repr(theta), "--request-overhead-flops", "0"]
                 if peers is not None:
-                    extra += ["--peers", peers, "--peers-cluster", name.replace(" ", "-"), "--replica-name", f"r{i}"]
-                r = RouterProcess(log_path=log_dir / f"{name.replace(' ', '-')}-r{i}.log", worker_urls=fleet.urls,
+                    extra += ["--peers", peers, "--peers-cluster", slug(name), "--replica-name", f"r{i}"]
+                r = RouterProcess(log_path=log_dir / f"{slug(name)}-r{i}.log", worker_urls=fleet.urls,
                                   args=extra)
                 routers.append(r.start())
             for r in routers:
                 r.wait_ready(timeout=120)
             if peers is not None:
                 wait_synced(routers)
-            with Sampler([r.url for r in routers], theta, one_request) as sampler:
-                records, wall = asyncio.run(drive([r.url for r in routers], bodies, args.clients))
+            killed: dict[str, float] = {}
+            urls = [r.url for r in routers]
+
+            def kill() -> None:  # the last replica, SIGKILLed mid-stream; a survivor is watched until it drops it
+                killed["at"] = time.monotonic()
+                os.killpg(routers[-1].proc.pid, signal.SIGKILL)
+                threading.Thread(target=watch_drop, args=(urls[0], f"r{replicas - 1}", killed), daemon=True).start()
+
+            with Sampler(urls if not kill_one else urls[:-1], theta, one_request) as sampler:
+                records, wall, first_failures = asyncio.run(drive(
+                    urls, bodies, args.clients, kill_at=len(bodies) // 2 if kill_one else None,
+                    kill=kill if kill_one else None))
+            if kill_one:
+                deadline = time.monotonic() + 30
+                while "dropped_after_s" not in killed and time.monotonic() < deadline:
+                    time.sleep(0.1)
         finally:
             for r in routers:
                 r.stop()
@@ -180,7 +233,9 @@ def run_config(name: str, replicas: int, peers: str | None, args, bodies: list[b
     prompt, cached = sum(r[1] for r in ok), sum(r[2] for r in ok)
     row = {"config": name, "replicas": replicas, "peers": peers is not None, "requests": len(records),
            "errors": len(records) - len(ok), "req_per_s": len(ok) / wall, "cached_fraction": cached / max(1, prompt),
-           **sampler.summary()}
+           "first_try_failures": first_failures, **sampler.summary()}
+    if kill_one:
+        row["killed_replica_dropped_after_s"] = killed.get("dropped_after_s")
     print(f"[{name}] {row['req_per_s']:.1f} req/s, cached {row['cached_fraction']:.3f}, max load "
           f"{row['max_load_over_theta']:.2f} Θ, load CoV {row['load_cov']:.2f}, errors {row['errors']}",
           file=sys.stderr, flush=True)
@@ -199,6 +254,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--pool-tokens", type=int, default=3072)
     p.add_argument("--theta-requests", type=float, default=4.0, help="Θ in full requests of FLOPs")
     p.add_argument("--per-token-s", type=float, default=1e-3, help="stand-in seconds per computed token")
+    p.add_argument("--kill-replica", action="store_true",
+                   help="also run each peers configuration with its last replica SIGKILLed halfway through the stream")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--log-dir", type=Path, default=Path(".work/logs/replicas_bench"))
     p.add_argument("--out", type=Path)
@@ -227,17 +284,25 @@ def main(argv: list[str] | None = None) -> int:
             rows.append(run_config(f"{n} alone", n, None, args, bodies, theta, one_request, args.log_dir))
             rows.append(run_config(f"{n} peers", n, f"nats://127.0.0.1:{port}", args, bodies, theta, one_request,
                                    args.log_dir))
+            if args.kill_replica:
+                rows.append(run_config(f"{n} peers, one killed", n, f"nats://127.0.0.1:{port}", args, bodies, theta,
+                                       one_request, args.log_dir, kill_one=True))
     finally:
         broker.kill()
         broker.wait(10)
 
     print("| routers | req/s | cached fraction | max load / Θ | past Θ by (requests) | samples past Θ + 1 request "
-          "| load CoV | errors |")
-    print("|---|---:|---:|---:|---:|---:|---:|---:|")
+          "| load CoV | failed first try | lost after one retry |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
     for r in rows:
         print(f"| {r['config']} | {r['req_per_s']:.1f} | {r['cached_fraction']:.3f} | {r['max_load_over_theta']:.2f} | "
               f"{r['max_overcommit_requests']:.1f} | {r['share_past_theta_plus_one']:.1%} | {r['load_cov']:.2f} | "
-              f"{r['errors']} |")
+              f"{r['first_try_failures']} | {r['errors']} |")
+    for r in rows:
+        if "killed_replica_dropped_after_s" in r:
+            after = r["killed_replica_dropped_after_s"]
+            print(f"\n{r['config']}: the survivors dropped the killed replica's promises and load "
+                  + (f"{after:.1f} s after the kill" if after is not None else "not within 60 s"))
     if args.out:
         args.out.write_text(json.dumps({
             "command": "benchmarks/replicas_bench.py " + shlex.join(sys.argv[1:] if argv is None else argv),
