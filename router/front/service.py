@@ -451,6 +451,11 @@ class Router:
         healthy = len(self.pool.routable())
         body = {"status": "ok" if healthy else "unavailable", "healthy_workers": healthy,
                 "workers": len(self.pool.workers), "queue_depth": len(self.scheduler.queue)}
+        if self.peers is not None and healthy and not self.peers.warm():
+            # A replica takes traffic once it holds the other replicas' state (or gave up waiting for the broker).
+            body["status"] = "unavailable"
+            body["waiting_for"] = "the other router replicas' state through the broker (--peers)"
+            healthy = 0
         return web.Response(body=orjson.dumps(body), status=200 if healthy else 503, content_type="application/json")
 
     async def metrics_text(self, request: web.Request) -> web.Response:

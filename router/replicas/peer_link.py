@@ -85,6 +85,8 @@ class PeerLink:
         self._tasks: list[asyncio.Task] = []
         self._closing = False
         self._last_hello = -HELLO_EVERY_S
+        self._started_at: float | None = None
+        self._connected_at: float | None = None
 
     # -- this router's changes (hooks) -----------------------------------------------------------
     def promised(self, p: Promise) -> None:
@@ -119,6 +121,7 @@ class PeerLink:
     # -- lifecycle -------------------------------------------------------------------------------
     async def start(self) -> None:
         """Connect in the background: the router serves alone until the broker answers."""
+        self._started_at = asyncio.get_running_loop().time()
         self._tasks.append(asyncio.create_task(self._connect_loop(), name="peers-connect"))
         self._tasks.append(asyncio.create_task(self._heartbeat_loop(), name="peers-heartbeat"))
 
@@ -168,11 +171,21 @@ class PeerLink:
         log.warning("replica broker %s lost; serving on this router's own state (peers' shares expire after "
                     "%g s) and reconnecting", public_url(self.url), self.tables.timeout_s)
 
+    def warm(self) -> bool:
+        """Whether this replica holds the others' state: connected for a heartbeat (the snapshots a ``Hello`` asks
+        for arrive within milliseconds), or ``--peer-timeout-s`` gone by without the broker (it serves alone).
+        ``GET /health`` answers 503 until then, so a load balancer sends a late replica nothing before."""
+        now = asyncio.get_running_loop().time()
+        if self.state == "connected" and self._connected_at is not None:
+            return now - self._connected_at >= self.heartbeat_s
+        return self._started_at is not None and now - self._started_at >= self.tables.timeout_s
+
     async def _on_reconnected(self) -> None:
         if self.state == "unreachable":
             log.warning("replica broker %s reached again: sharing state with the other replicas",
                         public_url(self.url))
         self.state = "connected"
+        self._connected_at = asyncio.get_running_loop().time()
         await self._publish(Hello(VERSION, self.replica))
         await self._publish(self._snapshot())
 

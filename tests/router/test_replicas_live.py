@@ -108,6 +108,8 @@ def test_replicas_share_promised_blocks_and_load_and_survive_the_broker(cluster,
                  lambda me=me, other=other: workers(me)["peers"]["state"] == "connected"
                  and workers(me)["peers"]["replicas"].get(other, {}).get("synced"))
     assert workers(a)["peers"]["broker"] == f"nats://127.0.0.1:{broker.port}"  # no token in it
+    wait_for("both healthy once they hold each other's state",
+             lambda: all(httpx.get(f"{r.url}/health", timeout=5).status_code == 200 for r in (a, b)))
 
     body = {"text": prompt("the printer on floor 3 is out of toner"), "sampling_params": {"max_new_tokens": 1}}
     with ThreadPoolExecutor(1) as pool:
@@ -153,11 +155,16 @@ def test_a_wrong_token_leaves_the_router_serving_alone(tmp_path):
     broker = NatsServer(port, tmp_path / "nats.log").start()
     fleet = StandInFleet(1, 4096, per_token_s=0.0, step_s=0.0).start()
     r = RouterProcess(log_path=tmp_path / "router.log", worker_urls=fleet.urls,
-                      args=["--peers", f"nats://127.0.0.1:{port}", "--peers-token", "not-the-token"])
+                      args=["--peers", f"nats://127.0.0.1:{port}", "--peers-token", "not-the-token",
+                            "--peer-timeout-s", "15"])
     try:
         r.start()
         r.wait_ready(timeout=90)
         wait_for("unreachable", lambda: workers(r)["peers"]["state"] == "unreachable")
+        # Not healthy while it waits for the other replicas' state, then serving alone once --peer-timeout-s is over.
+        health = httpx.get(f"{r.url}/health", timeout=5)
+        assert health.status_code == 503 and "replicas" in health.json()["waiting_for"], health.text
+        wait_for("healthy alone", lambda: httpx.get(f"{r.url}/health", timeout=5).status_code == 200, timeout=30)
         ok = httpx.post(f"{r.url}/generate", json={"text": "hello", "sampling_params": {"max_new_tokens": 1}},
                         timeout=60)
         assert ok.status_code == 200, ok.text
