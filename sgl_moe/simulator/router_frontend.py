@@ -134,6 +134,8 @@ class RouterFrontend:
         self._timed: set[str] = set()
         self.trace: list[tuple] | None = None
         """When a list: every operation on the router, for replaying it elsewhere (tests)."""
+        self.on_placed: Callable[[Placement], None] | None = None
+        """Hook: told of every placement right after its reservation (``replica_frontends`` measures true loads)."""
 
     # -- requests ----------------------------------------------------------------------------
     def submit(self, unit: SimUnit) -> bool:
@@ -189,6 +191,13 @@ class RouterFrontend:
     def _pump_soon(self) -> None:
         """``Scheduler.pump_soon``: a release asks for a pump; ``finished`` makes it after the step's releases."""
         self._pump_due = True
+
+    def pump_if_due(self) -> None:
+        """Pump now if something asked for one (another replica's load went down: ``replica_frontends``)."""
+        if self._pump_due:
+            self._pump_due = False
+            self.scheduler.pump()
+            self._after()
 
     def pump(self, _: object = None) -> None:
         """What the router's ``on_change`` does (KV events stored blocks, a hold ran out)."""
@@ -254,6 +263,8 @@ class RouterFrontend:
         before = placement.worker.inflight_flops - placement.cost
         if before > self.max_inflight_before:
             self.max_inflight_before = before
+        if self.on_placed is not None:
+            self.on_placed(placement)
         self._placed.append(placement)
 
     def _flush(self) -> None:

@@ -23,6 +23,7 @@ from typing import Any, Literal
 
 from sgl_moe.router.config import RouterConfig
 from sgl_moe.simulator.engine import Engine, SharedCompute
+from sgl_moe.simulator.replica_frontends import ReplicaFrontends
 from sgl_moe.simulator.router_frontend import RouterFrontend
 from sgl_moe.simulator.sglang_router_model import CacheAwareConfig, SglangRouterFrontend
 from sgl_moe.simulator.timeline import Timeline
@@ -82,12 +83,24 @@ class SimConfig:
     cache_aware: CacheAwareConfig = field(default_factory=CacheAwareConfig)
     memo: bool = True
     """Skip re-scoring queued jobs whose answer cannot have changed (``memo``); same placements, faster."""
+    replicas: int = 1
+    """Router replicas in front of the same workers, requests spread round-robin (``replica_frontends``; the
+    project's router policies only, the sglang-router models ignore it; closed or open arrivals; the memo is off
+    with more than one)."""
+    replicas_share: bool = True
+    """The replicas share pending blocks and load (the router's ``--peers``); False: each runs alone."""
+    replica_delay_s: float = 0.005
+    """How long a replica's messages take to reach the others (through the broker)."""
 
     def validate(self) -> None:
         if self.policy not in POLICIES:
             raise ValueError(f"unknown policy {self.policy!r}; choose from {', '.join(POLICIES)}")
         if self.workers < 1 or self.concurrency < 1 or not self.rate > 0:
             raise ValueError("workers, concurrency and rate must be positive")
+        if self.replicas < 1 or self.replica_delay_s < 0:
+            raise ValueError("replicas must be positive and replica_delay_s not negative")
+        if self.replicas > 1 and self.arrival == "offline":
+            raise ValueError("replicas > 1 needs closed or open arrivals (offline runs fill one router's queue)")
 
 
 @dataclass
@@ -159,13 +172,20 @@ class Simulation:
         self.theta = cfg.theta_flops if cfg.theta_flops is not None else cal.theta_for(transfer)
         if cfg.policy in ROUTER_POLICIES:
             unbounded = cfg.arrival == "offline"
-            self.frontend: RouterFrontend | SglangRouterFrontend = RouterFrontend(
-                cfg.policy, cal, self.theta if cfg.admission else float("inf"), self.engines, self.timeline,
-                queue_size=2**62 if unbounded else (cfg.queue_size or 4096),
-                max_affinity_wait_s=cfg.max_affinity_wait_s, pending_ttl_s=cfg.pending_ttl_s,
-                prefix_wait_s=cfg.prefix_wait_s,
-                event_delay_s=cal.event_delay_s if cfg.event_delay_s is None else cfg.event_delay_s,
-                memo=cfg.memo, request_overhead_flops=cfg.request_overhead_flops, hold_spills=cfg.hold_spills)
+
+            def router() -> RouterFrontend:
+                return RouterFrontend(
+                    cfg.policy, cal, self.theta if cfg.admission else float("inf"), self.engines, self.timeline,
+                    queue_size=2**62 if unbounded else (cfg.queue_size or 4096),
+                    max_affinity_wait_s=cfg.max_affinity_wait_s, pending_ttl_s=cfg.pending_ttl_s,
+                    prefix_wait_s=cfg.prefix_wait_s,
+                    event_delay_s=cal.event_delay_s if cfg.event_delay_s is None else cfg.event_delay_s,
+                    memo=cfg.memo and cfg.replicas == 1, request_overhead_flops=cfg.request_overhead_flops,
+                    hold_spills=cfg.hold_spills)
+
+            self.frontend: RouterFrontend | ReplicaFrontends | SglangRouterFrontend = (
+                router() if cfg.replicas == 1 else ReplicaFrontends(
+                    cfg.replicas, cfg.replica_delay_s if cfg.replicas_share else None, router, self.timeline))
         else:
             self.frontend = SglangRouterFrontend(cfg.policy, self.engines, cfg.seed, cfg.cache_aware)
         self.result = SimResult(cfg.policy, cfg.workers)
@@ -257,7 +277,7 @@ class Simulation:
                     self._send_next()
             else:
                 self._arrive()
-            if isinstance(self.frontend, RouterFrontend):
+            if isinstance(self.frontend, (RouterFrontend, ReplicaFrontends)):
                 self.timeline.at(EXPIRE_INTERVAL_S, self._expire)
             self.timeline.run()
         finally:
@@ -292,6 +312,17 @@ class Simulation:
             times = sorted(f.scheduler.decision_times())
             r.decision_p50_us = times[len(times) // 2] * 1e6 if times else None
             r.extra["theta_flops"] = f.theta
+        elif isinstance(f, ReplicaFrontends):
+            r.max_load_before_admission = f.max_true_before / self.theta  # every replica's own load summed
+            r.spills = sum(x.scheduler.stats.spills for x in f.replicas)
+            times = sorted(t for x in f.replicas for t in x.scheduler.decision_times())
+            r.decision_p50_us = times[len(times) // 2] * 1e6 if times else None
+            r.extra["theta_flops"] = f.theta
+            r.extra["replicas"] = len(f.replicas)
+            r.extra["replicas_share"] = f.delay_s is not None
+            r.extra["replica_delay_s"] = f.delay_s
+            r.extra["peer_messages"] = f.messages
+            r.extra["max_true_load_past_theta_flops"] = max(0.0, f.max_true_before - self.theta)
         else:
             r.extra["decisions"] = dict(f.decisions)
         r.extra["evicted_pages"] = sum(e.cache.evicted for e in self.engines)
