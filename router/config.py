@@ -173,9 +173,10 @@ class RouterConfig:
     workers started with --moe-kv-events-keys; used for every worker's event and replay sockets."""
     peers: str | None = None
     """NATS broker through which router replicas in front of the same workers share their pending blocks and
-    in-flight FLOPs (``nats://HOST:4222``; ``nats://USER:PASSWORD@HOST:4222`` for user/password auth), so that N
-    replicas place and admit as one router would. Unset: this router runs alone. Every replica must list the same
-    worker URLs (workers are named by URL between replicas)."""
+    in-flight FLOPs (``nats://HOST:4222``; ``nats://USER:PASSWORD@HOST:4222`` for user/password auth), so that Θ
+    admission counts every replica's work. Unset: this router runs alone. Every replica must list the same worker
+    URLs (workers are named by URL between replicas). Experimental: in the simulator, shared tables lower the
+    overcommit of 2 replicas but not their loss of reuse against one router (docs/router.md, Replicas)."""
     peers_token: str | None = None
     """Token for the broker's token authentication. Default: $SGL_MOE_PEERS_TOKEN."""
     peers_cluster: str = "default"
