@@ -4,7 +4,7 @@
         [--prompt-tokens 200 2000 4000] [--shapes shared unique] [--requests 1500] [--warmup 200]
         [--concurrency 32] [--repeats 2] [--front-processes 1] [--out FILE.json]
 
-Smallest run (about a minute; what CI runs): ``--prompt-tokens 200 --shapes shared unique --requests 40
+Smallest run (about a minute; what CI runs): ``--prompt-tokens 200 --shapes shared unique --requests 200
 --warmup 10 --concurrency 4 --repeats 1 --routers sgl_moe round_robin``.
 
 The routers, each started fresh for every (stream, repeat), in front of the same 4 stand-in workers
