@@ -37,6 +37,8 @@ RUN_BY: dict[str, list[str]] = {
     "tools/bootstrap.sh": ["ci:tools/test.sh"],
     "tools/torch_only_env.sh": ["ci:.ci/run"],
     "tools/gpu_suite.sh": ["ci:tools/torch_only_env.sh"],
+    "tools/nats_server.sh": [
+        "tests/router/test_replicas_live.py::test_replicas_share_promised_blocks_and_load_and_survive_the_broker"],
     # Worker, router and clients.
     "python -m sgl_moe.launch_server": [
         "tests/worker/test_launch_server.py::test_defaults_serve_the_shipped_model_with_pages_and_bound_events",
@@ -79,6 +81,7 @@ RUN_BY: dict[str, list[str]] = {
         "tests/training/test_fixtures.py::test_build_is_reproducible_and_idempotent"],
     "benchmarks/router_bench.py": ["tests/benchmarks/test_router_bench.py"],
     "benchmarks/router_capacity.py": ["tests/benchmarks/test_router_capacity.py"],
+    "benchmarks/replicas_bench.py": ["tests/benchmarks/test_replicas_bench.py"],
     "benchmarks/tokenizer_bench.py": ["tests/benchmarks/test_tokenizer_bench.py"],
     "benchmarks/bench_serving_routers.py": ["tests/live/test_bench_scripts_live.py"],
     "benchmarks/offload_worker_bench.py": ["tests/live/test_bench_scripts_live.py"],
