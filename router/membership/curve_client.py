@@ -58,7 +58,8 @@ async def watch_handshakes(monitor: zmq.asyncio.Socket, curve: ClientKeys | None
         elif curve is None:  # ZeroMQ may report the refusal of a plain client without detail (seen under load)
             hint = ("handshake failed; if the worker was started with --moe-kv-events-keys, start the router with "
                     "--kv-events-keys DIR/router")
-        else:
+        else:  # no detail with keys: a wrong server key, or (seen under load) a publisher without CURVE
             hint = ("the worker's CURVE public key is not the worker.key in --kv-events-keys (keys of another "
-                    "deployment?)")
+                    "deployment?), or the publisher does not use CURVE (worker started without "
+                    "--moe-kv-events-keys)")
         logger.warning("%s: cannot read KV events from %s: %s", who, endpoint, hint)

@@ -83,6 +83,7 @@ class PeerLink:
         self._flush_due = False
         self._seq = 0
         self._tasks: list[asyncio.Task] = []
+        self._sending: set[asyncio.Future] = set()
         self._closing = False
         self._last_hello = -HELLO_EVERY_S
         self._started_at: float | None = None
@@ -215,7 +216,9 @@ class PeerLink:
         if not updates or self.state != "connected":
             return  # while the broker is away the next snapshot carries the state
         self._seq += 1
-        asyncio.ensure_future(self._publish(Batch(VERSION, self.replica, self._seq, updates)))
+        task = asyncio.ensure_future(self._publish(Batch(VERSION, self.replica, self._seq, updates)))
+        self._sending.add(task)  # the loop keeps only weak references to tasks
+        task.add_done_callback(self._sending.discard)
 
     async def _publish(self, message: Any) -> None:
         nc = self._nc
