@@ -271,4 +271,6 @@ class PeerLink:
         return {"broker": public_url(self.url), "subject": self.subject, "replica": self.replica,
                 "state": self.state, "own_promises": len(self._own), "published": self.published,
                 "received": self.received, "gaps": self.tables.stats.gaps, "expired": self.tables.stats.expired,
+                "disconnects": self.disconnects, "undecodable": self.undecodable,
+                "other_version": self.dropped_version,
                 "replicas": self.tables.describe()}

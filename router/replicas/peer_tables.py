@@ -135,10 +135,6 @@ class PeerTables:
         self.stats.promises_unknown_worker -= done
         return done
 
-    def forget_all(self, why: str) -> None:
-        for r in list(self.peers):
-            self.drop(r, why)
-
     # -- views ---------------------------------------------------------------------------------
     def flops_on(self, url: str) -> float:
         return sum(p.flops.get(url, 0.0) for p in self.peers.values())
