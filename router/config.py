@@ -175,14 +175,19 @@ class RouterConfig:
     """NATS broker through which router replicas in front of the same workers share their pending blocks and
     in-flight FLOPs (``nats://HOST:4222``; ``nats://USER:PASSWORD@HOST:4222`` for user/password auth), so that Θ
     admission counts every replica's work. Unset: this router runs alone. Every replica must list the same worker
-    URLs (workers are named by URL between replicas). Experimental: in the simulator, shared tables lower the
-    overcommit of 2 replicas but not their loss of reuse against one router (docs/router.md, Replicas)."""
+    URLs (workers are named by URL between replicas). How they place: --replica-placement."""
     peers_token: str | None = None
     """Token for the broker's token authentication. Default: $SGL_MOE_PEERS_TOKEN."""
     peers_cluster: str = "default"
     """Replicas share state with those of the same cluster name (the NATS subject ``sgl_moe.router.<name>``)."""
+    replica_placement: Literal["owner", "shared"] = "owner"
+    """With --peers: ``owner``, the replica up longest places every replica's requests (one set of tables, one Θ
+    admission, one queue; the others parse, tokenize, hash and forward; if it goes away they place on their own
+    shared tables until the next owner answers); ``shared``, each replica places its own requests on tables shared
+    with the others (herds within a message delay; docs/router.md, Replicas)."""
     replica_name: str | None = None
-    """This replica's name among its peers (logs, ``GET /workers``). Default: host, process id and a random tag."""
+    """This replica's name among its peers (logs, ``GET /workers``; letters, digits, '-', '_' or '.').
+    Default: host, process id and a random tag."""
     peer_heartbeat_s: float = 1.0
     """How often a replica publishes its load even when it has not changed (and checks its peers' heartbeats)."""
     peer_timeout_s: float = 5.0
@@ -220,6 +225,13 @@ class RouterConfig:
             raise ValueError(f"--peers must be a NATS URL (nats://HOST:PORT), got {self.peers!r}")
         if not self.peers_cluster or not all(c.isalnum() or c in "-_" for c in self.peers_cluster):
             raise ValueError(f"--peers-cluster must be letters, digits, '-' or '_', got {self.peers_cluster!r}")
+        if self.replica_name is not None and (not self.replica_name or not all(
+                c.isalnum() or c in "-_." for c in self.replica_name) or not self.replica_name.isascii()):
+            raise ValueError(f"--replica-name must be letters, digits, '-', '_' or '.', got {self.replica_name!r}")
+        if self.peers is not None and self.replica_placement == "owner" and self.front_processes > 1:
+            raise ValueError("--front-processes > 1 with --peers places the fronts' requests on this replica's "
+                             "tables, not through the placement owner: add --replica-placement shared, or run "
+                             "more replicas of one process each")
         if self.peer_timeout_s <= self.peer_heartbeat_s:
             raise ValueError("--peer-timeout-s must be longer than --peer-heartbeat-s")
         for name in ("api_key", "admin_api_key", "peers_token"):

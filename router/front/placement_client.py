@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
+from typing import Any
 
 from sgl_moe.router.placement.messages import (
     VERSION,
@@ -18,6 +19,7 @@ from sgl_moe.router.placement.messages import (
     Placed,
     Refused,
     Release,
+    ToFront,
     read_to_front,
 )
 
@@ -36,17 +38,22 @@ class PlacementClient:
         self.on_lost = on_lost
         """Called once when the owner's connection ends."""
         self._writer: asyncio.StreamWriter | None = None
-        self._outbox: Outbox | None = None
+        self._outbox: Any = None
         self._waiting: dict[int, asyncio.Future] = {}
         self._next = 0
         self._reader_task: asyncio.Task | None = None
         self.lost = False
 
     async def connect(self, path: str) -> None:
+        """Talk to the owner of this router's front processes on its Unix socket."""
         reader, self._writer = await asyncio.open_unix_connection(path)
-        self._outbox = Outbox(self._writer)
+        self.attach(Outbox(self._writer))
         self._outbox.put(Hello(VERSION, self.front))
         self._reader_task = asyncio.get_running_loop().create_task(self._read(reader))
+
+    def attach(self, outbox: Any) -> None:
+        """Send through ``outbox`` (anything with ``put(message)``); answers come in through ``deliver``."""
+        self._outbox = outbox
 
     def close(self) -> None:
         if self._reader_task is not None:
@@ -79,26 +86,34 @@ class PlacementClient:
         if not self.lost:
             self._outbox.put(Release(req, ok, reported_cached_tokens))
 
+    def deliver(self, msg: ToFront) -> None:
+        """An answer from the owner."""
+        if isinstance(msg, Model):
+            self.on_model(msg)
+            return
+        future = self._waiting.get(msg.req)
+        if future is not None and not future.done():
+            future.set_result(msg)
+        # else a Placed whose client left meanwhile: the Cancel is on its way
+
+    def lose(self) -> None:
+        """The owner is gone: every request waiting for it fails with ``OwnerGone``; ``on_lost`` is called once."""
+        if self.lost:
+            return
+        self.lost = True
+        for future in self._waiting.values():
+            if not future.done():
+                future.set_exception(OwnerGone("the placement owner is gone"))
+        self.on_lost()
+
     async def _read(self, reader: asyncio.StreamReader) -> None:
         try:
             while True:
-                msg = await read_to_front(reader)
-                if isinstance(msg, Model):
-                    self.on_model(msg)
-                    continue
-                future = self._waiting.get(msg.req)
-                if future is not None and not future.done():
-                    future.set_result(msg)
-                elif isinstance(msg, Placed):  # its client left meanwhile: the Cancel is on its way
-                    pass
+                self.deliver(await read_to_front(reader))
         except (asyncio.IncompleteReadError, ConnectionError):
             pass
         except asyncio.CancelledError:
             return
         except Exception:
             log.exception("front %d: unreadable message from the placement owner", self.front)
-        self.lost = True
-        for future in self._waiting.values():
-            if not future.done():
-                future.set_exception(OwnerGone("the placement owner is gone"))
-        self.on_lost()
+        self.lose()

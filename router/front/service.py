@@ -46,6 +46,7 @@ from sgl_moe.router.placement.suspects import Suspect, SuspectList
 from sgl_moe.router.replicas.messages import Load
 from sgl_moe.router.replicas.peer_link import PeerLink, public_url
 from sgl_moe.router.replicas.peer_tables import PeerTables
+from sgl_moe.router.replicas.shared_placement import Refusal, SharedPlacement
 from sgl_moe.router.request.parsed_request import ParsedRequest
 from sgl_moe.router.request.prompt_keys import prompt_keys
 from sgl_moe.wire import to_builtins
@@ -98,7 +99,7 @@ class Router:
         self.forwarder = Forwarder(
             WorkerClient(total_timeout_s=self.cfg.request_timeout_s, connect_timeout_s=10,
                          keepalive_s=self.cfg.worker_keepalive_s, headers=worker_auth_headers(self.cfg)),
-            self.session, self.scheduler.release, self.cfg.abort_timeout_s)
+            self.session, self._release, self.cfg.abort_timeout_s)
         self.lane = QuarantineLane(self.scheduler, self.pool, self.cfg.queue_timeout_s)
         self._tasks.append(asyncio.create_task(self.pool.health_loop(), name="health"))
         for url in self.cfg.worker_urls:
@@ -112,8 +113,7 @@ class Router:
         """Share pending blocks and load with the other replicas through the broker (``replicas``)."""
         cfg, pool, sched = self.cfg, self.pool, self.scheduler
 
-        def worker_at(url: str):
-            return next((w for w in pool.workers.values() if w.url == url.rstrip("/")), None)
+        worker_at = pool.worker_at
 
         def slot_of(url: str, rank: int) -> int | None:
             w = worker_at(url)
@@ -134,11 +134,20 @@ class Router:
             return Load({w.url: (w.inflight_flops - w.peer_flops if w.inflight_requests else 0.0)
                          for w in pool.workers.values()}, len(sched.queue))
 
+        def peer_dropped(replica: str, why: str) -> None:
+            if self.peers is not None and self.peers.placing is not None:
+                self.peers.placing.peer_gone(replica, why)
+
         tables = PeerTables(index=self.index, slot_of=slot_of, set_peer_load=set_peer_load,
-                            timeout_s=cfg.peer_timeout_s)
-        self.peers = PeerLink(url=cfg.peers, subject=f"sgl_moe.router.{cfg.peers_cluster}", replica=cfg.replica_name,
-                              token=cfg.peers_token, tables=tables, where=where, own_load=own_load,
-                              heartbeat_s=cfg.peer_heartbeat_s)
+                            timeout_s=cfg.peer_timeout_s, on_drop=peer_dropped)
+        self.peers = link = PeerLink(url=cfg.peers, subject=f"sgl_moe.router.{cfg.peers_cluster}",
+                                     replica=cfg.replica_name, token=cfg.peers_token, tables=tables, where=where,
+                                     own_load=own_load, heartbeat_s=cfg.peer_heartbeat_s)
+        if cfg.replica_placement == "owner":
+            hooks = PlacementOwner(sched.acquire, sched.release, _refused, self._screen, self.observe,
+                                   self.model_message)
+            link.placing = SharedPlacement(name=link.replica, since=link.since, owner=hooks, send=link.send,
+                                           peers_since=tables.since)
         self.ledger.observer = self.peers
         sched.on_load = self.peers.load_changed
         await self.peers.start()
@@ -355,9 +364,13 @@ class Router:
                     return answer
         while True:
             try:
-                placement = await (self.lane.enter(job) if run.alone else self.scheduler.acquire(job))
+                placement = await (self.lane.enter(job) if run.alone else self._acquire(job, key))
             except (QueueFull, QueueTimeout, NoWorkers) as exc:
                 return error_response(**refusal(exc))
+            except Refusal as exc:  # by the replica that owns placement
+                r = exc.refused
+                return error_response(r.status, r.message, kind=r.kind,
+                                      headers={"Retry-After": r.retry_after} if r.retry_after else None)
             if run.alone and key is not None:
                 now = self.suspects.find(key)  # another copy's run alone may have told while this one waited
                 if now is None or now.poison:
@@ -382,6 +395,21 @@ class Router:
             finally:
                 if in_lane:
                     self.lane.leave()
+
+    def _acquire(self, job: Job, fingerprint: bytes | None) -> Awaitable[Placement]:
+        """``Scheduler.acquire``, or with one placement owner among the router replicas, its placement."""
+        placing = self.peers.placing if self.peers is not None else None
+        if placing is None:
+            return self.scheduler.acquire(job)
+        return placing.acquire(job, fingerprint or b"", self.pool.worker_at, self.scheduler.acquire)
+
+    def _release(self, placement: Placement, *, ok: bool) -> None:
+        """``Scheduler.release``, or for a placement another replica made, tell it (``Placement.settle``)."""
+        if placement.settle is None:
+            self.scheduler.release(placement, ok=ok)
+        elif not placement.released:
+            placement.released = True
+            placement.settle(ok)
 
     async def _after_failure(self, job: Job, worker: Worker, exc: WorkerFailure, key: bytes | None, run: _Run,
                              retryable: bool) -> web.Response | None:

@@ -260,6 +260,11 @@ class WorkerPool:
     def worker_of_slot(self, slot: int) -> Worker | None:
         return self._slot_owner.get(slot)
 
+    def worker_at(self, url: str) -> Worker | None:
+        """The worker at ``url`` (router replicas name workers by URL)."""
+        url = url.rstrip("/")
+        return next((w for w in self.workers.values() if w.url == url), None)
+
     def mark_unhealthy(self, worker: Worker, reason: str) -> None:
         if worker.state == HEALTHY:
             worker.state = UNHEALTHY

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from sgl_moe.router.membership.worker import Worker
@@ -60,3 +61,6 @@ class Placement:
     decision_s: float
     promise: Promise | None = None
     released: bool = False
+    settle: Callable[[bool], None] | None = None
+    """Set when another router replica made this placement (``replicas.shared_placement``): releasing it tells
+    that replica (``ok``) instead of this router's scheduler, which reserved nothing."""

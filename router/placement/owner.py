@@ -4,7 +4,9 @@ the in-flight FLOPs per worker (Θ) and the FIFO queue.
 
 Each front keeps one connection. A ``Place`` becomes a ``Job`` and goes through the same ``acquire`` as a
 request the owner takes itself, so requests queue in one queue whichever front took them, in the order their
-``Place`` messages arrive. A front that goes away (its connection ends) releases everything it held.
+``Place`` messages arrive. A front that goes away (its connection ends) releases everything it held. The same
+``FrontSession`` serves the other router replicas' requests when this router is their placement owner
+(``--peers``, ``replicas.shared_placement``).
 """
 
 from __future__ import annotations
@@ -93,11 +95,15 @@ class PlacementOwner:
         for outbox in self.fronts.values():
             outbox.put(model)
 
+    def session(self, outbox: Outbox, name: str) -> FrontSession:
+        """The state of one front's placements (a front process's connection, or another router replica's
+        requests through the broker: ``replicas.shared_placement``), answering through ``outbox``."""
+        return FrontSession(self, outbox, name)
+
     async def _connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         conn = self._next_conn
         self._next_conn += 1
-        placements: dict[int, Placement] = {}
-        pending: dict[int, asyncio.Task] = {}
+        session: FrontSession | None = None
         front = "?"
         try:
             hello = await read_to_owner(reader)
@@ -106,43 +112,69 @@ class PlacementOwner:
                 return
             front = str(hello.front)
             outbox = Outbox(writer)
+            session = self.session(outbox, f"front {front}")
             self.fronts[conn] = outbox
             outbox.put(self.model())
             log.info("front %s connected", front)
             while True:
-                msg = await read_to_owner(reader)
-                if isinstance(msg, Place):
-                    task = asyncio.get_running_loop().create_task(self._place(msg, outbox, placements))
-                    pending[msg.req] = task
-                    task.add_done_callback(lambda _t, req=msg.req: pending.pop(req, None))
-                elif isinstance(msg, Release):
-                    placement = placements.pop(msg.req, None)
-                    if placement is not None:
-                        self._settle(placement, msg)
-                elif isinstance(msg, Cancel):
-                    task = pending.pop(msg.req, None)
-                    if task is not None:
-                        task.cancel()
-                    placement = placements.pop(msg.req, None)
-                    if placement is not None:
-                        self.release(placement, ok=False)
+                session.handle(await read_to_owner(reader))
         except (asyncio.IncompleteReadError, ConnectionError):
             pass
         except Exception:  # a broken frame: this front is dropped, the router goes on
             log.exception("front %s sent a message the owner cannot read; dropping its connection", front)
         finally:
             self.fronts.pop(conn, None)
-            for task in pending.values():
-                task.cancel()
-            for placement in placements.values():
-                self.release(placement, ok=False)
-            if placements or pending:
-                log.warning("front %s went away holding %d placement(s) and %d waiting request(s): released",
-                            front, len(placements), len(pending))
+            if session is not None:
+                session.close("went away")
             writer.close()
 
-    async def _place(self, msg: Place, outbox: Outbox, placements: dict[int, Placement]) -> None:
-        screen = self.screen(msg.fingerprint)
+
+class FrontSession:
+    """One front's requests at the owner: ``Place`` answered with ``Placed``/``Refused``/``Delegate`` through its
+    outbox, ``Release`` and ``Cancel`` settled; ``close`` releases everything it still holds."""
+
+    def __init__(self, owner: PlacementOwner, outbox: Outbox, name: str) -> None:
+        self.owner = owner
+        self.outbox = outbox
+        """Anything with ``put(message)``."""
+        self.name = name
+        self.placements: dict[int, Placement] = {}
+        self.pending: dict[int, asyncio.Task] = {}
+        """Requests being placed (queued at the owner), by the front's number."""
+
+    def handle(self, msg: object) -> None:
+        if isinstance(msg, Place):
+            task = asyncio.get_running_loop().create_task(self._place(msg))
+            self.pending[msg.req] = task
+            task.add_done_callback(lambda _t, req=msg.req: self.pending.pop(req, None))
+        elif isinstance(msg, Release):
+            placement = self.placements.pop(msg.req, None)
+            if placement is not None:
+                self._settle(placement, msg)
+        elif isinstance(msg, Cancel):
+            task = self.pending.pop(msg.req, None)
+            if task is not None:
+                task.cancel()
+            placement = self.placements.pop(msg.req, None)
+            if placement is not None:
+                self.owner.release(placement, ok=False)
+
+    def close(self, why: str) -> None:
+        """The front is gone: cancel its waiting requests, release its placements."""
+        pending, placements = list(self.pending.values()), list(self.placements.values())
+        self.pending.clear()
+        self.placements.clear()
+        for task in pending:
+            task.cancel()
+        for placement in placements:
+            self.owner.release(placement, ok=False)
+        if placements or pending:
+            log.warning("%s %s holding %d placement(s) and %d waiting request(s): released", self.name, why,
+                        len(placements), len(pending))
+
+    async def _place(self, msg: Place) -> None:
+        owner, outbox = self.owner, self.outbox
+        screen = owner.screen(msg.fingerprint)
         if screen.verdict == "refuse":
             outbox.put(Refused(msg.req, 400, screen.message, "request_failed"))
             return
@@ -152,16 +184,16 @@ class PlacementOwner:
         job = Job(rid=msg.rid, prompt_lens=msg.prompt_lens, keys=msg.keys, shared_prefix_len=msg.shared_prefix_len,
                   max_new_tokens=msg.max_new_tokens)
         try:
-            placement = await self.acquire(job)
+            placement = await owner.acquire(job)
         except Exception as exc:
-            refused = self.refusal(exc)
+            refused = owner.refusal(exc)
             if refused is None:
                 raise
             outbox.put(Refused(msg.req, refused.status, refused.message, refused.kind, refused.retry_after))
             return
-        self.observe(placement)
-        self.placed += 1
-        placements[msg.req] = placement
+        owner.observe(placement)
+        owner.placed += 1
+        self.placements[msg.req] = placement
         outbox.put(Placed(msg.req, placement.worker.id, placement.worker.url, placement.predicted_cached_tokens,
                           placement.queued_s, placement.decision_s, placement.reason))
 
@@ -172,4 +204,4 @@ class PlacementOwner:
             c.reported_cached_tokens += msg.reported_cached_tokens
         if msg.ok:
             placement.worker.last_progress = time.monotonic()
-        self.release(placement, ok=msg.ok)
+        self.owner.release(placement, ok=msg.ok)

@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import msgspec
 
-VERSION = 1
+from sgl_moe.router.placement.messages import Cancel, Delegate, Place, Placed, Refused, Release
+
+VERSION = 2
 
 
 class Promised(msgspec.Struct, tag=True, frozen=True):
@@ -51,6 +53,8 @@ class Hello(msgspec.Struct, tag=True, frozen=True):
     version: int
     replica: str
     """Asks every other replica for its ``Snapshot``."""
+    joined: bool = False
+    """Sent on (re)connecting, not for a gap: whatever the owner placed for this replica before is stale."""
 
 
 class Snapshot(msgspec.Struct, tag=True, frozen=True):
@@ -60,6 +64,8 @@ class Snapshot(msgspec.Struct, tag=True, frozen=True):
     promised: list[Promised]
     """Every promise of the replica still open."""
     load: Load
+    since: float
+    """When the replica started (its clock's Unix time): the replica up longest owns placement."""
 
 
 class Bye(msgspec.Struct, tag=True, frozen=True):
@@ -68,7 +74,21 @@ class Bye(msgspec.Struct, tag=True, frozen=True):
     """The replica stops: drop its state at once rather than after ``--peer-timeout-s``."""
 
 
-Message = Batch | Hello | Snapshot | Bye
+class Requests(msgspec.Struct, tag=True, frozen=True):
+    version: int
+    replica: str
+    """The sender; the owner answers on that replica's subject."""
+    items: list[Place | Release | Cancel]
+
+
+class Answers(msgspec.Struct, tag=True, frozen=True):
+    version: int
+    replica: str
+    """The owner that answers."""
+    items: list[Placed | Refused | Delegate]
+
+
+Message = Batch | Hello | Snapshot | Bye | Requests | Answers
 
 _encoder = msgspec.msgpack.Encoder()
 _decoder = msgspec.msgpack.Decoder(Message)

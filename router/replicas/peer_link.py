@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import time
 from collections.abc import Callable
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
@@ -26,11 +27,13 @@ from nats.errors import Error as NatsError
 from sgl_moe.router.placement.pending import Promise
 from sgl_moe.router.replicas.messages import (
     VERSION,
+    Answers,
     Batch,
     Bye,
     Hello,
     Load,
     Promised,
+    Requests,
     Retired,
     Snapshot,
     Update,
@@ -68,6 +71,10 @@ class PeerLink:
         """Slot -> (worker URL, DP rank), None for a slot whose worker left."""
         self.own_load = own_load
         self.heartbeat_s = heartbeat_s
+        self.since = time.time()
+        """When this replica started (``Snapshot.since``: the replica up longest owns placement)."""
+        self.placing: Any = None
+        """``SharedPlacement`` with one placement owner (``--replica-placement owner``), else None."""
         self.state = "connecting"
         """``connecting`` (never reached the broker yet), ``connected``, or ``unreachable``."""
         self.published = 0
@@ -160,6 +167,7 @@ class PeerLink:
                 await asyncio.sleep(CONNECT_RETRY_S)
                 continue
             await self._nc.subscribe(self.subject, cb=self._on_message)
+            await self._nc.subscribe(self.direct_subject(self.replica), cb=self._on_message)
             log.info("replica %s joined %s on %s", self.replica, self.subject, shown)
             await self._on_reconnected()
             return
@@ -169,6 +177,8 @@ class PeerLink:
             return
         self.disconnects += 1
         self.state = "unreachable"
+        if self.placing is not None:
+            self.placing.broker_lost()
         log.warning("replica broker %s lost; serving on this router's own state (peers' shares expire after "
                     "%g s) and reconnecting", public_url(self.url), self.tables.timeout_s)
 
@@ -187,7 +197,7 @@ class PeerLink:
                         public_url(self.url))
         self.state = "connected"
         self._connected_at = asyncio.get_running_loop().time()
-        await self._publish(Hello(VERSION, self.replica))
+        await self._publish(Hello(VERSION, self.replica, joined=True))
         await self._publish(self._snapshot())
 
     async def _on_error(self, exc: Exception) -> None:
@@ -205,7 +215,7 @@ class PeerLink:
     # -- publishing ------------------------------------------------------------------------------
     def _snapshot(self) -> Snapshot:
         self._seq += 1
-        return Snapshot(VERSION, self.replica, self._seq, list(self._own.values()), self.own_load())
+        return Snapshot(VERSION, self.replica, self._seq, list(self._own.values()), self.own_load(), self.since)
 
     def _flush(self) -> None:
         self._flush_due = False
@@ -220,15 +230,36 @@ class PeerLink:
         self._sending.add(task)  # the loop keeps only weak references to tasks
         task.add_done_callback(self._sending.discard)
 
-    async def _publish(self, message: Any) -> None:
+    def direct_subject(self, replica: str) -> str:
+        """The subject only ``replica`` reads (placement requests and answers)."""
+        return f"{self.subject}.to.{replica}"
+
+    def send(self, replica: str, message: Requests | Answers) -> None:
+        """Publish ``message`` to ``replica`` alone, split when it is over the broker's payload limit."""
+        task = asyncio.ensure_future(self._send(replica, message))
+        self._sending.add(task)
+        task.add_done_callback(self._sending.discard)
+
+    async def _send(self, replica: str, message: Requests | Answers) -> None:
+        data = encode(message)
+        nc = self._nc
+        limit = nc.max_payload if nc is not None and nc.is_connected else 0
+        if limit and len(data) > limit and len(message.items) > 1:
+            half = len(message.items) // 2
+            for part in (message.items[:half], message.items[half:]):
+                await self._send(replica, type(message)(message.version, message.replica, part))
+            return
+        await self._publish(message, self.direct_subject(replica), data)
+
+    async def _publish(self, message: Any, subject: str | None = None, data: bytes | None = None) -> None:
         nc = self._nc
         if nc is None or not nc.is_connected:
             return
         try:
-            await nc.publish(self.subject, encode(message))
+            await nc.publish(subject or self.subject, data if data is not None else encode(message))
             self.published += 1
         except (NatsError, OSError) as exc:
-            log.debug("replica broker: publish failed (%s)", exc)
+            log.warning("replica broker: publish of a %s failed (%s)", type(message).__name__, exc)
 
     async def _heartbeat_loop(self) -> None:
         while True:
@@ -253,15 +284,23 @@ class PeerLink:
             return
         if m.replica == self.replica:
             return
-        if isinstance(m, Batch):
+        if isinstance(m, Requests):
+            if self.placing is not None:
+                self.placing.on_requests(m.replica, m.items)
+        elif isinstance(m, Answers):
+            if self.placing is not None:
+                self.placing.on_answers(m.replica, m.items)
+        elif isinstance(m, Batch):
             if not self.tables.apply_batch(m.replica, m.seq, m.updates):
                 now = asyncio.get_running_loop().time()
                 if now - self._last_hello >= HELLO_EVERY_S:
                     self._last_hello = now
                     await self._publish(Hello(VERSION, self.replica))
         elif isinstance(m, Snapshot):
-            self.tables.apply_snapshot(m.replica, m.seq, m.promised, m.load)
+            self.tables.apply_snapshot(m.replica, m.seq, m.promised, m.load, m.since)
         elif isinstance(m, Hello):
+            if self.placing is not None and m.joined:
+                self.placing.peer_restarted(m.replica)
             await self._publish(self._snapshot())
         elif isinstance(m, Bye):
             self.tables.drop(m.replica, "it stopped")
@@ -273,4 +312,5 @@ class PeerLink:
                 "received": self.received, "gaps": self.tables.stats.gaps, "expired": self.tables.stats.expired,
                 "disconnects": self.disconnects, "undecodable": self.undecodable,
                 "other_version": self.dropped_version,
+                "placement": self.placing.describe() if self.placing is not None else "shared tables",
                 "replicas": self.tables.describe()}

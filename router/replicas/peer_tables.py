@@ -34,6 +34,8 @@ class PeerState:
     queued: int = 0
     unresolved: dict[int, tuple[str, int]] = field(default_factory=dict)
     """Serial -> (worker URL, DP rank) of its promises naming a worker this router lacks (``resolve``)."""
+    since: float = float("inf")
+    """When it started, from its snapshot (inf: none yet); ``shared_placement`` elects the owner by it."""
 
 
 @dataclass
@@ -49,7 +51,8 @@ class PeerStats:
 class PeerTables:
     def __init__(self, *, index: BlockIndex, slot_of: Callable[[str, int], int | None],
                  set_peer_load: Callable[[str, float], None], timeout_s: float,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic,
+                 on_drop: Callable[[str, str], None] | None = None) -> None:
         self.index = index
         self.slot_of = slot_of
         """(worker URL, DP rank) -> this router's slot for it, None when it has no such worker."""
@@ -57,6 +60,8 @@ class PeerTables:
         """(worker URL, FLOPs all peers have in flight there): installs the peers' share of the worker's load."""
         self.timeout_s = timeout_s
         self.clock = clock
+        self.on_drop = on_drop
+        """(replica, why): told after a peer was dropped (``shared_placement`` releases what it held there)."""
         self.peers: dict[str, PeerState] = {}
         self.stats = PeerStats()
 
@@ -82,9 +87,11 @@ class PeerTables:
                 self._load(peer, u)
         return in_order
 
-    def apply_snapshot(self, replica: str, seq: int, promised: list[Promised], load: Load) -> None:
+    def apply_snapshot(self, replica: str, seq: int, promised: list[Promised], load: Load,
+                       since: float = float("inf")) -> None:
         """Replace everything known of the peer with its snapshot."""
         peer = self._peer(replica)
+        peer.since = since
         listed = {p.serial for p in promised}
         for serial in [s for s in peer.promises if s not in listed]:
             self._retire(peer, serial)
@@ -106,6 +113,8 @@ class PeerTables:
         for url in peer.flops:
             self._install(url)
         log.warning("replica %s dropped (%s): its %d promises and its load removed", replica, why, promises)
+        if self.on_drop is not None:
+            self.on_drop(replica, why)
 
     def expire(self) -> list[str]:
         """Drop the peers silent for ``timeout_s``; their ids."""
@@ -136,6 +145,10 @@ class PeerTables:
         return done
 
     # -- views ---------------------------------------------------------------------------------
+    def since(self) -> dict[str, float]:
+        """Each peer's start time (inf: no snapshot yet)."""
+        return {r: p.since for r, p in self.peers.items()}
+
     def flops_on(self, url: str) -> float:
         return sum(p.flops.get(url, 0.0) for p in self.peers.values())
 

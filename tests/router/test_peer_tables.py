@@ -145,7 +145,7 @@ def test_this_routers_promises_and_retirements_reach_the_observer():
 def test_messages_are_typed_and_versioned():
     batch = Batch(VERSION, "a", 3, [Promised(1, "http://w0", 0, [-5, 2**62]), Retired(1), Load({"http://w0": 1e9}, 2)])
     for m in (batch, Hello(VERSION, "a"), Bye(VERSION, "a"),
-              Snapshot(VERSION, "a", 4, [Promised(2, "http://w1", 1, [7])], Load({}, 0))):
+              Snapshot(VERSION, "a", 4, [Promised(2, "http://w1", 1, [7])], Load({}, 0), 1.7e9)):
         assert decode(encode(m)) == m
     with pytest.raises(ValueError):
         decode(b"\x93\x01\x02\x03")

@@ -78,38 +78,62 @@ def prompt(tail: str) -> str:
     return f"Rules:\n{rules}\nTicket: {tail}\nLabel:"
 
 
-@pytest.fixture
-def cluster(tmp_path):
+def start_cluster(tmp_path, placement: str):
     port = free_port("127.0.0.1")
     broker = NatsServer(port, tmp_path / "nats.log").start()
     # Slow stand-ins (about 1.5 s per 500-token prompt) keep a request in flight long enough to look at it.
     fleet = StandInFleet(2, 8192, per_token_s=3e-3, step_s=0.0).start()
     routers = []
     try:
-        for name in ("a", "b"):
+        for name in ("a", "b"):  # a starts first: with one placement owner, it is a
             r = RouterProcess(log_path=tmp_path / f"router-{name}.log", worker_urls=fleet.urls,
                               args=["--peers", f"nats://127.0.0.1:{port}", "--peers-token", TOKEN,
-                                    "--replica-name", name, "--peer-heartbeat-s", "0.2", "--peer-timeout-s", "2"])
+                                    "--replica-name", name, "--peer-heartbeat-s", "0.2", "--peer-timeout-s", "2",
+                                    "--replica-placement", placement])
+            routers.append(r)
             r.start()
             r.wait_ready(timeout=90)
-            routers.append(r)
-        yield broker, fleet, routers
-    finally:
-        for r in routers:
-            r.stop()
-        fleet.stop()
-        broker.kill()
+    except BaseException:
+        stop_cluster(broker, fleet, routers)
+        raise
+    return broker, fleet, routers
 
 
-def test_replicas_share_promised_blocks_and_load_and_survive_the_broker(cluster, tmp_path):
-    broker, fleet, (a, b) = cluster
+def stop_cluster(broker, fleet, routers) -> None:
+    for r in routers:
+        r.stop()
+    fleet.stop()
+    broker.kill()
+
+
+@pytest.fixture
+def cluster(tmp_path):
+    parts = start_cluster(tmp_path, "shared")
+    yield parts
+    stop_cluster(*parts)
+
+
+@pytest.fixture
+def owned_cluster(tmp_path):
+    parts = start_cluster(tmp_path, "owner")
+    yield parts
+    stop_cluster(*parts)
+
+
+def wait_synced(a: RouterProcess, b: RouterProcess) -> None:
     for me, other in ((a, "b"), (b, "a")):
         wait_for(f"{me.url} connected and synced with {other}",
                  lambda me=me, other=other: workers(me)["peers"]["state"] == "connected"
                  and workers(me)["peers"]["replicas"].get(other, {}).get("synced"))
-    assert workers(a)["peers"]["broker"] == f"nats://127.0.0.1:{broker.port}"  # no token in it
     wait_for("both healthy once they hold each other's state",
              lambda: all(httpx.get(f"{r.url}/health", timeout=5).status_code == 200 for r in (a, b)))
+
+
+def test_replicas_share_promised_blocks_and_load_and_survive_the_broker(cluster, tmp_path):
+    broker, fleet, (a, b) = cluster
+    wait_synced(a, b)
+    assert workers(a)["peers"]["broker"] == f"nats://127.0.0.1:{broker.port}"  # no token in it
+    assert workers(a)["peers"]["placement"] == "shared tables"
 
     body = {"text": prompt("the printer on floor 3 is out of toner"), "sampling_params": {"max_new_tokens": 1}}
     with ThreadPoolExecutor(1) as pool:
@@ -148,6 +172,49 @@ def test_replicas_share_promised_blocks_and_load_and_survive_the_broker(cluster,
                      and workers(me)["peers"]["replicas"].get(other, {}).get("synced"), timeout=30)
     finally:
         again.kill()
+
+
+def test_one_replica_places_for_both_and_the_other_takes_over_when_it_dies(owned_cluster):
+    broker, fleet, (a, b) = owned_cluster
+    wait_synced(a, b)
+    for r in (a, b):
+        assert workers(r)["peers"]["placement"]["owner"] == "a"  # up longest
+
+    body = {"text": prompt("the printer on floor 3 is out of toner"), "sampling_params": {"max_new_tokens": 1}}
+    with ThreadPoolExecutor(1) as pool:
+        first = pool.submit(httpx.post, f"{b.url}/generate", json=body, timeout=60)
+        # Sent to B, placed by A: A's own scheduler holds its FLOPs and promised blocks, as for its own requests.
+        busy = wait_for("A holds B's request", lambda: next(
+            (u for u, w in by_url(workers(a)).items() if w["inflight_requests"] == 1 and w["pending_blocks"] > 0
+             and w["peer_inflight_flops"] == 0), None))
+        assert all(w["inflight_requests"] == 0 for w in workers(b)["workers"])  # B reserved nothing itself
+        follower = httpx.post(f"{a.url}/generate", timeout=60, json={
+            "text": prompt("the badge reader at the north door beeps"), "sampling_params": {"max_new_tokens": 1}})
+        r1 = first.result()
+    assert r1.status_code == 200 and follower.status_code == 200, (r1.text, follower.text)
+    b_ids = {w["id"]: w["url"] for w in workers(b)["workers"]}
+    a_ids = {w["id"]: w["url"] for w in workers(a)["workers"]}
+    assert b_ids[r1.headers["x-sgl-moe-worker"]] == busy
+    assert a_ids[follower.headers["x-sgl-moe-worker"]] == busy  # A placed its own follower on B's prefix
+    assert int(follower.headers["x-sgl-moe-predicted-cached-tokens"]) >= 256
+    placing = workers(b)["peers"]["placement"]
+    assert placing["remote_placed"] == 1 and placing["failovers"] == 0, placing
+    assert workers(a)["peers"]["placement"]["placing_for"] == ["b"]
+    wait_for("B's request released at A", lambda: all(w["inflight_requests"] == 0 for w in workers(a)["workers"]))
+
+    # The owner dies: what B sends it meanwhile fails over to B's own tables once A's heartbeats stop.
+    a.proc.kill()
+    a.proc.wait(10)
+    t0 = time.monotonic()
+    late = httpx.post(f"{b.url}/generate", json=body, timeout=60)
+    assert late.status_code == 200, late.text
+    assert time.monotonic() - t0 < 10
+    wait_for("B owns placement", lambda: workers(b)["peers"]["placement"]["owner"] == "b")
+    again = httpx.post(f"{b.url}/generate", json=body, timeout=60)
+    assert again.status_code == 200, again.text
+    # Sent while B still took A for the owner (A expires after --peer-timeout-s 2): it waited, then failed over.
+    assert workers(b)["peers"]["placement"]["failovers"] == 1
+    assert "placement owner a gone" in b.log_text()
 
 
 def test_a_wrong_token_leaves_the_router_serving_alone(tmp_path):
