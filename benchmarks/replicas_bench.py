@@ -1,11 +1,15 @@
-"""Router replicas: 1 router, then N replicas alone and N replicas sharing state through NATS (``--peers``), on the
-same stream against the same kind of workers, requests spread round-robin across the replicas.
+"""Router replicas: 1 router, then N replicas alone, N replicas placing on tables shared through NATS (``--peers
+--replica-placement shared``) and N replicas with one placement owner (``--peers``, its default
+``--replica-placement owner``), on the same stream against the same kind of workers, requests spread round-robin
+across the replicas.
 
     .venv/bin/python benchmarks/replicas_bench.py [--replicas 2 4] [--workers 3] [--requests 240] [--clients 24]
         [--groups 24] [--prefix-tokens 256] [--suffix-tokens 32] [--pool-tokens 3072] [--theta-requests 4]
-        [--per-token-s 1e-3] [--kill-replica] [--seed 0] [--out FILE.json]
+        [--per-token-s 1e-3] [--kill-replica] [--repeats 1] [--seed 0] [--out FILE.json]
 
 Smallest run (what the test runs): ``--replicas 2 --requests 24 --clients 4 --groups 4``.
+
+The configurations run in the order listed, then (``--repeats 2``) again in reverse, and so on; rows are per run.
 
 Workers: stand-ins (``sgl_moe.policy_bench.standin``, served from a thread of this script) that take
 ``--per-token-s`` per computed token, one batch at a time, and keep an LRU prefix cache of ``--pool-tokens``; fresh
@@ -26,7 +30,8 @@ Figures per configuration:
 * **failed first try / lost after one retry**: a client whose request fails (its replica gone, or a 5xx) resends it
   once to the next replica and stays there. With ``--kill-replica`` each peers configuration runs again with its
   last replica SIGKILLed when half the stream has been sent (load sampled on the survivors), and the survivors'
-  time to drop the dead replica's promises and load is reported (``--peer-timeout-s`` of the routers, 5 s).
+  time to drop the dead replica's promises and load is reported (``--peer-timeout-s`` of the routers, 5 s); the
+  owner configuration also runs with its owner (``r0``, started first) SIGKILLed instead.
 """
 
 from __future__ import annotations
@@ -195,17 +200,21 @@ def wait_synced(routers: list[RouterProcess], timeout: float = 30.0) -> None:
 
 
 def run_config(name: str, replicas: int, peers: str | None, args, bodies: list[bytes], theta: float,
-               one_request: float, log_dir: Path, kill_one: bool = False) -> dict:
+               one_request: float, log_dir: Path, placement: str = "owner", kill: int | None = None) -> dict:
+    """One configuration on fresh stand-ins; ``kill``: the index of the replica SIGKILLed halfway through."""
+    kill_one = kill is not None
     with StandInFleet(args.workers, args.pool_tokens, per_token_s=args.per_token_s, step_s=0.0) as fleet:
         routers = []
         try:
             for i in range(replicas):
                 extra = ["--saturation-flops", repr(theta), "--request-overhead-flops", "0"]
                 if peers is not None:
-                    extra += ["--peers", peers, "--peers-cluster", slug(name), "--replica-name", f"r{i}"]
+                    extra += ["--peers", peers, "--peers-cluster", slug(name), "--replica-name", f"r{i}",
+                              "--replica-placement", placement]
                 r = RouterProcess(log_path=log_dir / f"{slug(name)}-r{i}.log", worker_urls=fleet.urls,
                                   args=extra)
                 routers.append(r.start())
+                time.sleep(0.2)  # r0 starts first: with one placement owner, it is r0
             for r in routers:
                 r.wait_ready(timeout=120)
             if peers is not None:
@@ -213,15 +222,17 @@ def run_config(name: str, replicas: int, peers: str | None, args, bodies: list[b
             killed: dict[str, float] = {}
             urls = [r.url for r in routers]
 
-            def kill() -> None:  # the last replica, SIGKILLed mid-stream; a survivor is watched until it drops it
-                killed["at"] = time.monotonic()
-                os.killpg(routers[-1].proc.pid, signal.SIGKILL)
-                threading.Thread(target=watch_drop, args=(urls[0], f"r{replicas - 1}", killed), daemon=True).start()
+            survivors = [u for i, u in enumerate(urls) if i != kill]
 
-            with Sampler(urls if not kill_one else urls[:-1], theta, one_request) as sampler:
+            def kill_replica() -> None:  # SIGKILLed mid-stream; a survivor is watched until it drops it
+                killed["at"] = time.monotonic()
+                os.killpg(routers[kill].proc.pid, signal.SIGKILL)
+                threading.Thread(target=watch_drop, args=(survivors[0], f"r{kill}", killed), daemon=True).start()
+
+            with Sampler(survivors, theta, one_request) as sampler:
                 records, wall, first_failures = asyncio.run(drive(
                     urls, bodies, args.clients, kill_at=len(bodies) // 2 if kill_one else None,
-                    kill=kill if kill_one else None))
+                    kill=kill_replica if kill_one else None))
             if kill_one:
                 deadline = time.monotonic() + 30
                 while "dropped_after_s" not in killed and time.monotonic() < deadline:
@@ -231,7 +242,8 @@ def run_config(name: str, replicas: int, peers: str | None, args, bodies: list[b
                 r.stop()
     ok = [r for r in records if r[0] == 200]
     prompt, cached = sum(r[1] for r in ok), sum(r[2] for r in ok)
-    row = {"config": name, "replicas": replicas, "peers": peers is not None, "requests": len(records),
+    row = {"config": name, "replicas": replicas, "peers": peers is not None,
+           "placement": placement if peers is not None else None, "requests": len(records),
            "errors": len(records) - len(ok), "req_per_s": len(ok) / wall, "cached_fraction": cached / max(1, prompt),
            "first_try_failures": first_failures, **sampler.summary()}
     if kill_one:
@@ -256,11 +268,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--per-token-s", type=float, default=1e-3, help="stand-in seconds per computed token")
     p.add_argument("--kill-replica", action="store_true",
                    help="also run each peers configuration with its last replica SIGKILLed halfway through the stream")
+    p.add_argument("--repeats", type=int, default=1, help="runs of every configuration, the order reversed each time")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--log-dir", type=Path, default=Path(".work/logs/replicas_bench"))
     p.add_argument("--out", type=Path)
     args = p.parse_args(argv)
-    for name in ("workers", "requests", "clients", "groups", "prefix_tokens", "suffix_tokens", "pool_tokens"):
+    for name in ("workers", "requests", "clients", "groups", "prefix_tokens", "suffix_tokens", "pool_tokens",
+                 "repeats"):
         if getattr(args, name) < 1:
             p.error(f"--{name.replace('_', '-')} must be positive")
     if any(n < 2 for n in args.replicas):
@@ -277,16 +291,21 @@ def main(argv: list[str] | None = None) -> int:
 
     port = free_port("127.0.0.1")
     broker = start_broker(port, args.log_dir / "nats.log")
+    peers = f"nats://127.0.0.1:{port}"
+    configs = [("1 router", 1, None, {})]
+    for n in args.replicas:
+        configs += [(f"{n} alone", n, None, {}), (f"{n} shared", n, peers, {"placement": "shared"}),
+                    (f"{n} owner", n, peers, {"placement": "owner"})]
+        if args.kill_replica:
+            configs += [(f"{n} shared, one killed", n, peers, {"placement": "shared", "kill": n - 1}),
+                        (f"{n} owner, a follower killed", n, peers, {"placement": "owner", "kill": n - 1}),
+                        (f"{n} owner, the owner killed", n, peers, {"placement": "owner", "kill": 0})]
     rows = []
     try:
-        rows.append(run_config("1 router", 1, None, args, bodies, theta, one_request, args.log_dir))
-        for n in args.replicas:
-            rows.append(run_config(f"{n} alone", n, None, args, bodies, theta, one_request, args.log_dir))
-            rows.append(run_config(f"{n} peers", n, f"nats://127.0.0.1:{port}", args, bodies, theta, one_request,
-                                   args.log_dir))
-            if args.kill_replica:
-                rows.append(run_config(f"{n} peers, one killed", n, f"nats://127.0.0.1:{port}", args, bodies, theta,
-                                       one_request, args.log_dir, kill_one=True))
+        for rep_i in range(args.repeats):
+            for name, n, via, kw in (configs if rep_i % 2 == 0 else configs[::-1]):
+                rows.append(run_config(name, n, via, args, bodies, theta, one_request, args.log_dir, **kw))
+                rows[-1]["repeat"] = rep_i
     finally:
         broker.kill()
         broker.wait(10)

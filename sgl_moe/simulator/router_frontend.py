@@ -136,14 +136,19 @@ class RouterFrontend:
         """When a list: every operation on the router, for replaying it elsewhere (tests)."""
         self.on_placed: Callable[[Placement], None] | None = None
         """Hook: told of every placement right after its reservation (``replica_frontends`` measures true loads)."""
+        self.dispatch: Callable[[Engine, SimUnit], None] | None = None
+        """Hook: hands a placed unit to its engine instead of ``Engine.submit`` at once (``owner_placement``
+        delays the requests of other replicas by a message)."""
 
     # -- requests ----------------------------------------------------------------------------
-    def submit(self, unit: SimUnit) -> bool:
-        """``Scheduler.acquire`` without awaiting; False when the queue is full (the client got 429)."""
+    def submit(self, unit: SimUnit, arrived: float | None = None) -> bool:
+        """``Scheduler.acquire`` without awaiting; False when the queue is full (the client got 429). ``arrived``:
+        when the request reached this router, if not when the client sent it (``owner_placement``)."""
         if self.trace is not None:
             self.trace.append(("submit", self.timeline.now, unit.rid, unit.tokens, unit.hashes))
         sched = self.scheduler
-        job = Job(rid=unit.rid, prompt_lens=[unit.tokens], keys=[unit.hashes], arrived=unit.arrival)
+        job = Job(rid=unit.rid, prompt_lens=[unit.tokens], keys=[unit.hashes],
+                  arrived=unit.arrival if arrived is None else arrived)
         self._units[unit.rid] = unit
         if not sched.queue:
             placement = sched.try_place(job)
@@ -273,4 +278,7 @@ class RouterFrontend:
             for placement in placed:
                 unit = self._units.pop(placement.job.rid)
                 unit.placement = placement
-                self.engines[placement.worker.id].submit(unit)
+                if self.dispatch is None:
+                    self.engines[placement.worker.id].submit(unit)
+                else:
+                    self.dispatch(self.engines[placement.worker.id], unit)

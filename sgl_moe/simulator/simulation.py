@@ -23,6 +23,7 @@ from typing import Any, Literal
 
 from sgl_moe.router.config import RouterConfig
 from sgl_moe.simulator.engine import Engine, SharedCompute
+from sgl_moe.simulator.owner_placement import OwnerPlacement
 from sgl_moe.simulator.replica_frontends import ReplicaFrontends
 from sgl_moe.simulator.router_frontend import RouterFrontend
 from sgl_moe.simulator.sglang_router_model import CacheAwareConfig, SglangRouterFrontend
@@ -35,6 +36,7 @@ SGLANG_ROUTER_POLICIES = ("cache_aware", "power_of_two")
 POLICIES = ROUTER_POLICIES + SGLANG_ROUTER_POLICIES
 
 Arrival = Literal["offline", "closed", "open"]
+ReplicaPlacement = Literal["owner", "shared"]
 
 EXPIRE_INTERVAL_S = 2.0
 """How often the router's health loop expires pending promises (its default health interval)."""
@@ -88,7 +90,10 @@ class SimConfig:
     project's router policies only, the sglang-router models ignore it; closed or open arrivals; the memo is off
     with more than one)."""
     replicas_share: bool = True
-    """The replicas share pending blocks and load (the router's ``--peers``); False: each runs alone."""
+    """The replicas share through the broker (the router's ``--peers``); False: each runs alone."""
+    replica_placement: ReplicaPlacement = "owner"
+    """Sharing replicas: one owner places every replica's requests (``owner_placement``; the router's default
+    ``--replica-placement owner``), or each places its own on shared tables (``shared``: ``replica_frontends``)."""
     replica_delay_s: float = 0.005
     """How long a replica's messages take to reach the others (through the broker)."""
 
@@ -97,6 +102,8 @@ class SimConfig:
             raise ValueError(f"unknown policy {self.policy!r}; choose from {', '.join(POLICIES)}")
         if self.workers < 1 or self.concurrency < 1 or not self.rate > 0:
             raise ValueError("workers, concurrency and rate must be positive")
+        if self.replica_placement not in ("owner", "shared"):
+            raise ValueError(f"unknown replica_placement {self.replica_placement!r}; choose owner or shared")
         if self.replicas < 1 or self.replica_delay_s < 0:
             raise ValueError("replicas must be positive and replica_delay_s not negative")
         if self.replicas > 1 and self.arrival == "offline":
@@ -173,6 +180,8 @@ class Simulation:
         if cfg.policy in ROUTER_POLICIES:
             unbounded = cfg.arrival == "offline"
 
+            owner_mode = cfg.replicas > 1 and cfg.replicas_share and cfg.replica_placement == "owner"
+
             def router() -> RouterFrontend:
                 return RouterFrontend(
                     cfg.policy, cal, self.theta if cfg.admission else float("inf"), self.engines, self.timeline,
@@ -180,12 +189,20 @@ class Simulation:
                     max_affinity_wait_s=cfg.max_affinity_wait_s, pending_ttl_s=cfg.pending_ttl_s,
                     prefix_wait_s=cfg.prefix_wait_s,
                     event_delay_s=cal.event_delay_s if cfg.event_delay_s is None else cfg.event_delay_s,
-                    memo=cfg.memo and cfg.replicas == 1, request_overhead_flops=cfg.request_overhead_flops,
-                    hold_spills=cfg.hold_spills)
+                    # one scheduler places everything (one router, or the owner): nothing changes its tables behind
+                    # the memo's back, as the shared replicas' peer tables do
+                    memo=cfg.memo and (cfg.replicas == 1 or owner_mode),
+                    request_overhead_flops=cfg.request_overhead_flops, hold_spills=cfg.hold_spills)
 
-            self.frontend: RouterFrontend | ReplicaFrontends | SglangRouterFrontend = (
-                router() if cfg.replicas == 1 else ReplicaFrontends(
-                    cfg.replicas, cfg.replica_delay_s if cfg.replicas_share else None, router, self.timeline))
+            self.frontend: RouterFrontend | ReplicaFrontends | OwnerPlacement | SglangRouterFrontend
+            if cfg.replicas == 1:
+                self.frontend = router()
+            elif owner_mode:
+                self.frontend = OwnerPlacement(cfg.replicas, cfg.replica_delay_s, router(), self.timeline)
+                self.frontend.on_refused = self._refused_late
+            else:
+                self.frontend = ReplicaFrontends(
+                    cfg.replicas, cfg.replica_delay_s if cfg.replicas_share else None, router, self.timeline)
         else:
             self.frontend = SglangRouterFrontend(cfg.policy, self.engines, cfg.seed, cfg.cache_aware)
         self.result = SimResult(cfg.policy, cfg.workers)
@@ -225,6 +242,14 @@ class Simulation:
         if self.frontend.submit(unit):
             self._outstanding += 1
             return
+        self._rejected(unit)
+
+    def _refused_late(self, unit: SimUnit) -> None:
+        """A request accepted at first and refused later (the placement owner's full queue: ``owner_placement``)."""
+        self._outstanding -= 1
+        self._rejected(unit)
+
+    def _rejected(self, unit: SimUnit) -> None:
         self.result.rejected += 1
         if self.cfg.arrival == "closed":  # the client keeps its slot and retries after Retry-After (>= 1 s)
             self._outstanding += 1
@@ -277,7 +302,7 @@ class Simulation:
                     self._send_next()
             else:
                 self._arrive()
-            if isinstance(self.frontend, (RouterFrontend, ReplicaFrontends)):
+            if isinstance(self.frontend, (RouterFrontend, ReplicaFrontends, OwnerPlacement)):
                 self.timeline.at(EXPIRE_INTERVAL_S, self._expire)
             self.timeline.run()
         finally:
@@ -320,8 +345,24 @@ class Simulation:
             r.extra["theta_flops"] = f.theta
             r.extra["replicas"] = len(f.replicas)
             r.extra["replicas_share"] = f.delay_s is not None
+            r.extra["replica_placement"] = "shared" if f.delay_s is not None else "alone"
             r.extra["replica_delay_s"] = f.delay_s
             r.extra["peer_messages"] = f.messages
+            r.extra["max_true_load_past_theta_flops"] = max(0.0, f.max_true_before - self.theta)
+        elif isinstance(f, OwnerPlacement):
+            o = f.owner
+            r.max_load_before_admission = f.max_true_before / self.theta  # the owner's count is every request's
+            r.spills = o.scheduler.stats.spills
+            times = sorted(o.scheduler.decision_times())
+            r.decision_p50_us = times[len(times) // 2] * 1e6 if times else None
+            r.extra["theta_flops"] = f.theta
+            r.extra["replicas"] = f.count
+            r.extra["replicas_share"] = True
+            r.extra["replica_placement"] = "owner"
+            r.extra["replica_delay_s"] = f.delay_s
+            r.extra["peer_messages"] = f.messages
+            r.extra["remote_placed"] = f.remote
+            r.extra["refused_late"] = f.refused_late
             r.extra["max_true_load_past_theta_flops"] = max(0.0, f.max_true_before - self.theta)
         else:
             r.extra["decisions"] = dict(f.decisions)
