@@ -137,13 +137,13 @@ class RouterFrontend:
         self.on_placed: Callable[[Placement], None] | None = None
         """Hook: told of every placement right after its reservation (``replica_frontends`` measures true loads)."""
         self.dispatch: Callable[[Engine, SimUnit], None] | None = None
-        """Hook: hands a placed unit to its engine instead of ``Engine.submit`` at once (``owner_placement``
+        """Hook: hands a placed unit to its engine instead of ``Engine.submit`` at once (``OwnerPlacement``
         delays the requests of other replicas by a message)."""
 
     # -- requests ----------------------------------------------------------------------------
     def submit(self, unit: SimUnit, arrived: float | None = None) -> bool:
         """``Scheduler.acquire`` without awaiting; False when the queue is full (the client got 429). ``arrived``:
-        when the request reached this router, if not when the client sent it (``owner_placement``)."""
+        when the request reached this router, if not when the client sent it (``replica_frontends.OwnerPlacement``)."""
         if self.trace is not None:
             self.trace.append(("submit", self.timeline.now, unit.rid, unit.tokens, unit.hashes))
         sched = self.scheduler

@@ -23,8 +23,7 @@ from typing import Any, Literal
 
 from sgl_moe.router.config import RouterConfig
 from sgl_moe.simulator.engine import Engine, SharedCompute
-from sgl_moe.simulator.owner_placement import OwnerPlacement
-from sgl_moe.simulator.replica_frontends import ReplicaFrontends
+from sgl_moe.simulator.replica_frontends import OwnerPlacement, ReplicaFrontends
 from sgl_moe.simulator.router_frontend import RouterFrontend
 from sgl_moe.simulator.sglang_router_model import CacheAwareConfig, SglangRouterFrontend
 from sgl_moe.simulator.timeline import Timeline
@@ -88,12 +87,12 @@ class SimConfig:
     replicas: int = 1
     """Router replicas in front of the same workers, requests spread round-robin (``replica_frontends``; the
     project's router policies only, the sglang-router models ignore it; closed or open arrivals; the memo is off
-    with more than one)."""
+    with more than one, unless one owner places for all)."""
     replicas_share: bool = True
     """The replicas share through the broker (the router's ``--peers``); False: each runs alone."""
     replica_placement: ReplicaPlacement = "owner"
-    """Sharing replicas: one owner places every replica's requests (``owner_placement``; the router's default
-    ``--replica-placement owner``), or each places its own on shared tables (``shared``: ``replica_frontends``)."""
+    """Sharing replicas: one owner places every replica's requests (``OwnerPlacement``; the router's default
+    ``--replica-placement owner``), or each places its own on shared tables (``shared``: ``ReplicaFrontends``)."""
     replica_delay_s: float = 0.005
     """How long a replica's messages take to reach the others (through the broker)."""
 
@@ -179,7 +178,6 @@ class Simulation:
         self.theta = cfg.theta_flops if cfg.theta_flops is not None else cal.theta_for(transfer)
         if cfg.policy in ROUTER_POLICIES:
             unbounded = cfg.arrival == "offline"
-
             owner_mode = cfg.replicas > 1 and cfg.replicas_share and cfg.replica_placement == "owner"
 
             def router() -> RouterFrontend:
@@ -245,7 +243,7 @@ class Simulation:
         self._rejected(unit)
 
     def _refused_late(self, unit: SimUnit) -> None:
-        """A request accepted at first and refused later (the placement owner's full queue: ``owner_placement``)."""
+        """A request accepted at first and refused later (the placement owner's full queue: ``OwnerPlacement``)."""
         self._outstanding -= 1
         self._rejected(unit)
 
