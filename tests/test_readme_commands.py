@@ -82,6 +82,7 @@ RUN_BY: dict[str, list[str]] = {
     "benchmarks/router_bench.py": ["tests/benchmarks/test_router_bench.py"],
     "benchmarks/router_capacity.py": ["tests/benchmarks/test_router_capacity.py"],
     "benchmarks/replicas_bench.py": ["tests/benchmarks/test_replicas_bench.py"],
+    "benchmarks/replicas_soak.py": ["tests/benchmarks/test_replicas_soak.py"],
     "benchmarks/tokenizer_bench.py": ["tests/benchmarks/test_tokenizer_bench.py"],
     "benchmarks/bench_serving_routers.py": ["tests/live/test_bench_scripts_live.py"],
     "benchmarks/offload_worker_bench.py": ["tests/live/test_bench_scripts_live.py"],

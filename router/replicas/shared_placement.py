@@ -14,7 +14,8 @@ every replica computes the same one, and a replica that joins late never takes i
 no owner but itself (alone, the broker away), or when the owner goes away (its heartbeat stops, it says ``Bye``,
 or the broker is lost), requests waiting for it fail over to this replica's own scheduler, which places on the
 tables it shares with the others (``peer_tables``) until the next owner answers. A replica that says ``Hello``
-again (restarted, or back after a broker outage) has its placements at the owner released.
+again (restarted, or back after a broker outage) has its placements at the owner released, and the requests
+waiting for it, if it was the owner, fail over.
 """
 
 from __future__ import annotations
@@ -167,10 +168,15 @@ class SharedPlacement:
             client.lose()
 
     def peer_restarted(self, replica: str) -> None:
-        """A peer said ``Hello`` (started, or reconnected after a broker outage): what it held here is stale."""
+        """A peer said ``Hello`` on joining (started, restarted under the same name, or reconnected after a broker
+        outage): what it held here is stale, and what this replica waits for from it will not come (a restarted
+        owner knows nothing of it): those requests fail over."""
         session = self.sessions.pop(replica, None)
         if session is not None:
             session.close("said Hello again (restarted or reconnected)")
+        client = self.clients.pop(replica, None)
+        if client is not None:
+            client.lose()
 
     def broker_lost(self) -> None:
         """This replica lost the broker: nothing it waits for will be answered."""

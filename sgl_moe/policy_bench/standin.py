@@ -174,7 +174,7 @@ class StandInFleet:
                                    "state": "fixed", "step_tokens": 4096}}
             runner = web.AppRunner(w.app(tok, info), access_log=None)
             await runner.setup()
-            site = web.TCPSite(runner, "127.0.0.1", 0)
+            site = web.TCPSite(runner, "127.0.0.1", w.port)  # 0: any free port
             await site.start()
             w.port = runner.addresses[0][1]
             self._runners.append(runner)

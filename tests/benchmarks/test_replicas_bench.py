@@ -1,6 +1,6 @@
-"""``benchmarks/replicas_bench.py`` runs as its docstring shows it, at its smallest size: one router, two alone and
-two sharing tables and two with one placement owner through a real ``nats-server``, in front of stand-in workers. The figures are checked for presence
-and sanity, never for speed or for which configuration wins."""
+"""``benchmarks/replicas_bench.py`` runs as its docstring shows it, at its smallest size: one router, two alone,
+two sharing tables and two with one placement owner through a real ``nats-server``, in front of stand-in workers.
+The figures are checked for presence and sanity, never for speed or for which configuration wins."""
 
 import json
 import subprocess

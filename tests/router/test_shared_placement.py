@@ -128,6 +128,21 @@ def test_a_retry_places_here_and_a_gone_owner_fails_over():
         b.placing.peer_gone("a", "expired")
         placed = await asyncio.wait_for(waiting, 5)
         assert placed.settle is None and b.placing.failovers == 1
+        # An owner restarted under the same name (it says Hello on joining) never answers what the old one was
+        # asked: that fails over too.
+        asked: list = []
+
+        class Dying:  # takes the request, then dies before answering
+            placing = type("P", (), {"on_requests": staticmethod(lambda _r, items: asked.extend(items))})
+
+        b.net["a"] = Dying()
+        waiting = asyncio.ensure_future(b.acquire("r3", [7, 8]))
+        for _ in range(5):
+            await asyncio.sleep(0)
+        assert len(asked) == 1 and not waiting.done()
+        b.placing.peer_restarted("a")  # back, with nothing of what the old one was asked
+        placed = await asyncio.wait_for(waiting, 5)
+        assert placed.settle is None and b.placing.failovers == 2
 
     asyncio.run(body())
 
