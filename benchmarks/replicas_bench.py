@@ -31,7 +31,8 @@ Figures per configuration:
   once to the next replica and stays there. With ``--kill-replica`` each peers configuration runs again with its
   last replica SIGKILLed when half the stream has been sent (load sampled on the survivors), and the survivors'
   time to drop the dead replica's promises and load is reported (``--peer-timeout-s`` of the routers, 5 s); the
-  owner configuration also runs with its owner (``r0``, started first) SIGKILLed instead.
+  owner configuration also runs with its owner (``r0``, started first) SIGKILLed instead, and with the broker
+  killed halfway and restarted 3 s later (on the same port): time until every replica is connected again.
 """
 
 from __future__ import annotations
@@ -64,6 +65,10 @@ from sgl_moe.policy_bench.standin import StandInFleet
 from sgl_moe.router.request.router_tokenizer import RouterTokenizer
 
 REPO = Path(__file__).resolve().parents[1]
+
+
+BROKER_DOWN_S = 3.0
+"""How long the broker stays down in the broker-restart configurations."""
 
 
 def start_broker(port: int, log: Path) -> subprocess.Popen:
@@ -199,9 +204,43 @@ def wait_synced(routers: list[RouterProcess], timeout: float = 30.0) -> None:
     raise SystemExit("the replicas did not see each other through the broker in time")
 
 
+class Broker:
+    """The broker, which a configuration may restart mid-stream (on the same port)."""
+
+    def __init__(self, port: int, log: Path) -> None:
+        self.port, self.log = port, log
+        self.proc = start_broker(port, log)
+
+    def restart_after(self, down_s: float) -> None:
+        self.proc.kill()
+        self.proc.wait(10)
+        time.sleep(down_s)
+        self.proc = start_broker(self.port, self.log)
+
+    def stop(self) -> None:
+        self.proc.kill()
+        self.proc.wait(10)
+
+
+def watch_reconnect(urls: list[str], marks: dict[str, float]) -> None:
+    """Record when every router at ``urls`` is connected to the broker again (after ``marks["at"]``)."""
+    time.sleep(0.5)
+    with httpx.Client(timeout=5) as c:
+        while time.monotonic() - marks["at"] < 60:
+            try:
+                if all(c.get(f"{u}/workers").json()["peers"]["state"] == "connected" for u in urls):
+                    marks["reconnected_after_s"] = time.monotonic() - marks["at"]
+                    return
+            except (httpx.HTTPError, ValueError, KeyError):
+                pass
+            time.sleep(0.05)
+
+
 def run_config(name: str, replicas: int, peers: str | None, args, bodies: list[bytes], theta: float,
-               one_request: float, log_dir: Path, placement: str = "owner", kill: int | None = None) -> dict:
-    """One configuration on fresh stand-ins; ``kill``: the index of the replica SIGKILLed halfway through."""
+               one_request: float, log_dir: Path, placement: str = "owner", kill: int | None = None,
+               broker: Broker | None = None) -> dict:
+    """One configuration on fresh stand-ins; ``kill``: the index of the replica SIGKILLed halfway through;
+    ``broker``: restarted halfway through instead (down ``BROKER_DOWN_S``)."""
     kill_one = kill is not None
     with StandInFleet(args.workers, args.pool_tokens, per_token_s=args.per_token_s, step_s=0.0) as fleet:
         routers = []
@@ -229,10 +268,22 @@ def run_config(name: str, replicas: int, peers: str | None, args, bodies: list[b
                 os.killpg(routers[kill].proc.pid, signal.SIGKILL)
                 threading.Thread(target=watch_drop, args=(survivors[0], f"r{kill}", killed), daemon=True).start()
 
+            def restart_broker() -> None:
+                killed["at"] = time.monotonic()
+
+                def run() -> None:
+                    broker.restart_after(BROKER_DOWN_S)
+                    watch_reconnect(urls, killed)
+                threading.Thread(target=run, daemon=True).start()
+
+            fault = kill_replica if kill_one else restart_broker if broker is not None else None
             with Sampler(survivors, theta, one_request) as sampler:
                 records, wall, first_failures = asyncio.run(drive(
-                    urls, bodies, args.clients, kill_at=len(bodies) // 2 if kill_one else None,
-                    kill=kill_replica if kill_one else None))
+                    urls, bodies, args.clients, kill_at=len(bodies) // 2 if fault else None, kill=fault))
+            if broker is not None:
+                deadline = time.monotonic() + 60
+                while "reconnected_after_s" not in killed and time.monotonic() < deadline:
+                    time.sleep(0.1)
             if kill_one:
                 deadline = time.monotonic() + 30
                 while "dropped_after_s" not in killed and time.monotonic() < deadline:
@@ -248,6 +299,9 @@ def run_config(name: str, replicas: int, peers: str | None, args, bodies: list[b
            "first_try_failures": first_failures, **sampler.summary()}
     if kill_one:
         row["killed_replica_dropped_after_s"] = killed.get("dropped_after_s")
+    if broker is not None:
+        row["broker_down_s"] = BROKER_DOWN_S
+        row["reconnected_after_s"] = killed.get("reconnected_after_s")
     print(f"[{name}] {row['req_per_s']:.1f} req/s, cached {row['cached_fraction']:.3f}, max load "
           f"{row['max_load_over_theta']:.2f} Θ, load CoV {row['load_cov']:.2f}, errors {row['errors']}",
           file=sys.stderr, flush=True)
@@ -267,7 +321,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--theta-requests", type=float, default=4.0, help="Θ in full requests of FLOPs")
     p.add_argument("--per-token-s", type=float, default=1e-3, help="stand-in seconds per computed token")
     p.add_argument("--kill-replica", action="store_true",
-                   help="also run each peers configuration with its last replica SIGKILLed halfway through the stream")
+                   help="also run each peers configuration with its last replica SIGKILLed halfway through the stream, "
+                        "the owner configuration with its owner killed, and with the broker restarted")
     p.add_argument("--repeats", type=int, default=1, help="runs of every configuration, the order reversed each time")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--log-dir", type=Path, default=Path(".work/logs/replicas_bench"))
@@ -290,7 +345,7 @@ def main(argv: list[str] | None = None) -> int:
     theta = args.theta_requests * one_request
 
     port = free_port("127.0.0.1")
-    broker = start_broker(port, args.log_dir / "nats.log")
+    broker = Broker(port, args.log_dir / "nats.log")
     peers = f"nats://127.0.0.1:{port}"
     configs = [("1 router", 1, None, {})]
     for n in args.replicas:
@@ -299,7 +354,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.kill_replica:
             configs += [(f"{n} shared, one killed", n, peers, {"placement": "shared", "kill": n - 1}),
                         (f"{n} owner, a follower killed", n, peers, {"placement": "owner", "kill": n - 1}),
-                        (f"{n} owner, the owner killed", n, peers, {"placement": "owner", "kill": 0})]
+                        (f"{n} owner, the owner killed", n, peers, {"placement": "owner", "kill": 0}),
+                        (f"{n} owner, broker restarted", n, peers, {"placement": "owner", "broker": broker})]
     rows = []
     try:
         for rep_i in range(args.repeats):
@@ -307,8 +363,7 @@ def main(argv: list[str] | None = None) -> int:
                 rows.append(run_config(name, n, via, args, bodies, theta, one_request, args.log_dir, **kw))
                 rows[-1]["repeat"] = rep_i
     finally:
-        broker.kill()
-        broker.wait(10)
+        broker.stop()
 
     print("| routers | req/s | cached fraction | max load / Θ | past Θ by (requests) | samples past Θ + 1 request "
           "| load CoV | failed first try | lost after one retry |")
@@ -318,6 +373,10 @@ def main(argv: list[str] | None = None) -> int:
               f"{r['max_overcommit_requests']:.1f} | {r['share_past_theta_plus_one']:.1%} | {r['load_cov']:.2f} | "
               f"{r['first_try_failures']} | {r['errors']} |")
     for r in rows:
+        if "reconnected_after_s" in r:
+            after = r["reconnected_after_s"]
+            print(f"\n{r['config']}: down {r['broker_down_s']:g} s; every replica connected again "
+                  + (f"{after:.1f} s after the kill" if after is not None else "not within 60 s"))
         if "killed_replica_dropped_after_s" in r:
             after = r["killed_replica_dropped_after_s"]
             print(f"\n{r['config']}: the survivors dropped the killed replica's promises and load "

@@ -62,17 +62,27 @@ class PlacementClient:
             self._writer.close()
 
     async def place(self, rid: str, prompt_lens: list[int], keys: list[list[int]], shared_prefix_len: int,
-                    max_new_tokens: int, fingerprint: bytes) -> tuple[int, Placed | Refused | Delegate]:
+                    max_new_tokens: int, fingerprint: bytes, timeout_s: float | None = None
+                    ) -> tuple[int, Placed | Refused | Delegate]:
         """(request number, the owner's answer). The message is queued before the first await, so requests are
         placed in the order this front calls ``place`` (its outbox keeps that order). Cancelled (the client
-        left): the owner is told."""
+        left), or no answer within ``timeout_s`` (``OwnerGone``; a message lost on the way): the owner is told."""
         if self.lost:
             raise OwnerGone("the placement owner is gone")
         req = self._next
         self._next += 1
-        future = asyncio.get_running_loop().create_future()
+        loop = asyncio.get_running_loop()
+        future = loop.create_future()
         self._waiting[req] = future
         self._outbox.put(Place(req, rid, prompt_lens, keys, shared_prefix_len, max_new_tokens, fingerprint))
+        timer = None
+        if timeout_s is not None:
+            def expire() -> None:
+                if not future.done():
+                    future.set_exception(OwnerGone(f"no answer from the placement owner within {timeout_s:g} s"))
+                    if not self.lost:
+                        self._outbox.put(Cancel(req))
+            timer = loop.call_later(timeout_s, expire)
         try:
             return req, await future
         except asyncio.CancelledError:
@@ -81,6 +91,8 @@ class PlacementClient:
             raise
         finally:
             self._waiting.pop(req, None)
+            if timer is not None:
+                timer.cancel()
 
     def release(self, req: int, ok: bool, reported_cached_tokens: int = -1) -> None:
         if not self.lost:

@@ -147,7 +147,8 @@ class Router:
             hooks = PlacementOwner(sched.acquire, sched.release, _refused, self._screen, self.observe,
                                    self.model_message)
             link.placing = SharedPlacement(name=link.replica, since=link.since, owner=hooks, send=link.send,
-                                           peers_since=tables.since)
+                                           peers_since=tables.since, connected=link.connected,
+                                           answer_timeout_s=cfg.queue_timeout_s + cfg.peer_timeout_s)
         self.ledger.observer = self.peers
         sched.on_load = self.peers.load_changed
         await self.peers.start()

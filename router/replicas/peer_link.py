@@ -182,6 +182,9 @@ class PeerLink:
         log.warning("replica broker %s lost; serving on this router's own state (peers' shares expire after "
                     "%g s) and reconnecting", public_url(self.url), self.tables.timeout_s)
 
+    def connected(self) -> bool:
+        return self.state == "connected" and self._nc is not None and self._nc.is_connected
+
     def warm(self) -> bool:
         """Whether this replica holds the others' state: connected for a heartbeat (the snapshots a ``Hello`` asks
         for arrive within milliseconds), or ``--peer-timeout-s`` gone by without the broker (it serves alone).
@@ -192,6 +195,8 @@ class PeerLink:
         return self._started_at is not None and now - self._started_at >= self.tables.timeout_s
 
     async def _on_reconnected(self) -> None:
+        if self.placing is not None:
+            self.placing.broker_lost()  # what was sent while away never arrived
         if self.state == "unreachable":
             log.warning("replica broker %s reached again: sharing state with the other replicas",
                         public_url(self.url))

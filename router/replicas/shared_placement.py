@@ -68,7 +68,8 @@ class _Outbox:
 
 class SharedPlacement:
     def __init__(self, *, name: str, since: float, owner: PlacementOwner, send: Callable[[str, Any], None],
-                 peers_since: Callable[[], dict[str, float]]) -> None:
+                 peers_since: Callable[[], dict[str, float]], connected: Callable[[], bool],
+                 answer_timeout_s: float) -> None:
         self.name = name
         self.since = since
         self.owner = owner
@@ -77,6 +78,11 @@ class SharedPlacement:
         """(replica name, message): publish on that replica's own subject."""
         self.peers_since = peers_since
         """Live peers -> when each started (inf: no snapshot yet)."""
+        self.connected = connected
+        """Whether the broker is reachable now (while it is not, requests are placed here)."""
+        self.answer_timeout_s = answer_timeout_s
+        """A request the owner has not answered this long fails over (a message lost: the broker delivers at most
+        once); longer than the owner's own queue timeout, so only a lost message reaches it."""
         self.sessions: dict[str, FrontSession] = {}
         """Other replicas' requests this router placed (it owns placement), by replica."""
         self.clients: dict[str, PlacementClient] = {}
@@ -106,12 +112,13 @@ class SharedPlacement:
         the owner is gone). Raises ``Refusal`` for the owner's refusal. The ``Place`` is sent before the first
         await, so requests reach the owner in the order they were placed here."""
         owner = self.owner_name()
-        if owner == self.name or job.exclude or sum(map(len, job.keys)) > MAX_REMOTE_KEYS:
-            return await local(job)  # a retry's excluded worker, or a prompt too long for one broker message
+        if (owner == self.name or not self.connected() or job.exclude
+                or sum(map(len, job.keys)) > MAX_REMOTE_KEYS):
+            return await local(job)  # the broker away, a retry's excluded worker, or a prompt too long for it
         client = self._client(owner)
         try:
             req, answer = await client.place(job.rid, job.prompt_lens, job.keys, job.shared_prefix_len,
-                                             job.max_new_tokens, fingerprint)
+                                             job.max_new_tokens, fingerprint, timeout_s=self.answer_timeout_s)
         except OwnerGone:
             self.failovers += 1
             return await local(job)
@@ -179,7 +186,8 @@ class SharedPlacement:
             client.lose()
 
     def broker_lost(self) -> None:
-        """This replica lost the broker: nothing it waits for will be answered."""
+        """This replica lost the broker (or is back: what was sent meanwhile was dropped): nothing it waits for
+        will be answered."""
         for client in self.clients.values():
             client.lose()
         self.clients.clear()

@@ -30,8 +30,10 @@ class Node:
             lambda: None)
         self.net = net
         self.peers: dict[str, float] = {}
+        self.up = True
         self.placing = SharedPlacement(name=name, since=since, owner=hooks, send=self._send,
-                                       peers_since=lambda: dict(self.peers))
+                                       peers_since=lambda: dict(self.peers), connected=lambda: self.up,
+                                       answer_timeout_s=0.5)
         net[name] = self
 
     def _send(self, to: str, message) -> None:
@@ -160,5 +162,27 @@ def test_a_replica_that_goes_away_or_rejoins_has_its_placements_released_at_the_
         a.placing.peer_gone("b", "expired")
         assert all(x.inflight_requests == 0 for x in a.r.pool.workers.values())
         assert a.placing.sessions == {}
+
+    asyncio.run(body())
+
+
+def test_without_the_broker_or_without_an_answer_requests_are_placed_here():
+    async def body():
+        a, b = pair()
+        b.up = False  # the broker is away: nothing sent would arrive
+        placed = await b.acquire("r1", [1, 2])
+        assert placed.settle is None and all(w.inflight_requests == 0 for w in a.r.pool.workers.values())
+        b.r.sched.release(placed, ok=True)
+        b.up = True
+        asked: list = []
+
+        class Deaf:  # the Place is lost on the way: the owner never answers
+            placing = type("P", (), {"on_requests": staticmethod(lambda _r, items: asked.extend(items))})
+
+        b.net["a"] = Deaf()
+        placed = await asyncio.wait_for(b.acquire("r2", [3, 4]), 5)  # after answer_timeout_s (0.5 s)
+        assert placed.settle is None and b.placing.failovers == 1
+        await asyncio.sleep(0.01)
+        assert [type(m).__name__ for m in asked] == ["Place", "Cancel"]  # the owner is told, should it be there
 
     asyncio.run(body())
