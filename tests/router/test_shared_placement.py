@@ -186,3 +186,17 @@ def test_without_the_broker_or_without_an_answer_requests_are_placed_here():
         assert [type(m).__name__ for m in asked] == ["Place", "Cancel"]  # the owner is told, should it be there
 
     asyncio.run(body())
+
+
+@pytest.mark.parametrize(("kw", "message"), [
+    ({"replica_name": "a b"}, "--replica-name"),
+    ({"replica_name": "r>1"}, "--replica-name"),
+    ({"peers": "nats://127.0.0.1:4222", "front_processes": 2}, "--replica-placement shared"),
+])
+def test_settings_that_cannot_work_are_refused_at_start(kw, message):
+    from sgl_moe.router.config import RouterConfig
+
+    with pytest.raises(ValueError, match=message):
+        RouterConfig(**kw).validate()
+    RouterConfig(peers="nats://127.0.0.1:4222", front_processes=2, replica_placement="shared").validate()
+    RouterConfig(replica_name="host-1.r_0").validate()
