@@ -124,7 +124,8 @@ class SharedPlacement:
             return await local(job)
         if isinstance(answer, Refused):
             raise Refusal(answer)
-        if isinstance(answer, Delegate):  # the owner holds this request for a suspect: it runs here
+        if isinstance(answer, Delegate):  # the owner holds it for a suspect: placed here (alone only if this
+            # replica's own suspects list says so; the owner's list is not shared)
             return await local(job)
         assert isinstance(answer, Placed)
         worker = worker_at(answer.worker_url)
