@@ -11,11 +11,12 @@ from aiohttp import web
 from sgl_moe.router.config import RouterConfig
 from sgl_moe.router.front.front_processes import FrontSockets, FrontStartError
 from sgl_moe.router.front.service import ROUTER, build_app, tune_gc
-from sgl_moe.router.request.router_tokenizer import keep_torch_out
+from sgl_moe.router.request.router_tokenizer import encode_batches_serially, keep_torch_out
 
 
 def main(argv: list[str] | None = None) -> int:
     keep_torch_out()  # the router's tokenizer loads transformers, which would import an installed torch
+    encode_batches_serially()
     parser = RouterConfig.parser()
     try:
         cfg = RouterConfig.from_argv(argv)

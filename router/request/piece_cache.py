@@ -91,31 +91,39 @@ class PieceCache:
     def encode_batch(self, texts: list[str]) -> list[list[int]]:
         """The ids of each text without special tokens, as ``encode_plain`` gives them."""
         kept = self._ids
-        split: list[list[str] | None] = [PIECE.findall(t) if self.cuttable(t) else None for t in texts]
-        new = list(set().union(*(pieces for pieces in split if pieces is not None)).difference(kept))
-        whole = [t for t, pieces in zip(texts, split) if pieces is None]
-        encoded = self._encode(new + whole) if new or whole else []
-        fresh = dict(zip(new, encoded))
-        self.misses += len(new)
-        self.whole += len(whole)
-        if new:
-            self._keep(fresh)
-        out: list[list[int]] = []
-        at = len(new)
-        for pieces in split:
-            if pieces is None:
-                out.append(encoded[at])
-                at += 1
+        out: list[list[int] | None] = []
+        partial: list[tuple[int, list[str], list[list[int] | None], list[int]]] = []
+        """Texts with pieces not kept: (index, pieces, their kept ids or None, where the Nones are)."""
+        new: dict[str, None] = {}
+        whole: list[int] = []
+        for i, text in enumerate(texts):
+            if not self.cuttable(text):
+                out.append(None)
+                whole.append(i)
                 continue
-            try:
-                ids = list(chain.from_iterable(map(kept.__getitem__, pieces)))
-            except KeyError:  # a long piece (not kept), or one another thread's call dropped meanwhile
-                gone = list({p for p in pieces if p not in kept and p not in fresh})
-                fresh.update(zip(gone, self._encode(gone) if gone else []))
-                ids = list(chain.from_iterable(kept[p] if p in kept else fresh[p] for p in pieces))
+            pieces = PIECE.findall(text)
+            found = list(map(kept.get, pieces))  # at C speed, as is the rest when every piece is kept
             self.hits += len(pieces)
-            out.append(ids)
-        self.hits -= len(new)
+            if None in found:  # a new piece, a long one (never kept), or one another thread's call dropped
+                out.append(None)
+                missing = _nones(found)
+                partial.append((i, pieces, found, missing))
+                new.update(dict.fromkeys([pieces[j] for j in missing]))
+            else:
+                out.append(list(chain.from_iterable(found)))
+        if new or whole:
+            encoded = self._encode([*new, *(texts[i] for i in whole)])
+            fresh = dict(zip(new, encoded))
+            self.hits -= len(new)
+            self.misses += len(new)
+            self.whole += len(whole)
+            self._keep(fresh)
+            for i, pieces, found, missing in partial:
+                for j in missing:
+                    found[j] = fresh[pieces[j]]
+                out[i] = list(chain.from_iterable(found))
+            for i, ids in zip(whole, encoded[len(new):]):
+                out[i] = ids
         if len(kept) > MAX_PIECES:
             self._trim()
         return out
@@ -135,3 +143,15 @@ class PieceCache:
                 for piece in list(islice(kept, len(kept) // 2)):
                     del kept[piece]
 
+
+
+def _nones(found: list) -> list[int]:
+    """Where ``found`` holds None (searched at C speed: few of them in many)."""
+    at: list[int] = []
+    j = -1
+    try:
+        while True:
+            j = found.index(None, j + 1)
+            at.append(j)
+    except ValueError:
+        return at

@@ -160,20 +160,42 @@ class PrefixMemo:
         A child matches when its segment starts the rest of the text and the text may be cut where the segment
         ends: that end is then the text's own next checkpoint (whether a cut before it is allowed depends on
         the text only up to it, or on an added token that would also cover it), so matching needs no
-        checkpoints computed."""
-        allows, n = self.rule.allows, len(text)
+        checkpoints computed.
+
+        Whether the text may be cut at ``c`` depends only on its characters within ``rule.reach`` of ``c``
+        (``CutRule.allows``). A node's end was an allowed cut in the text that made its child, and a text matching
+        that child agrees with that text through the child's end: where the child's segment is at least
+        ``rule.reach`` long, the cut is allowed here too without asking. So only the deepest match's end, ends
+        followed by a short segment, and a choice between two segments that both start the rest are checked."""
+        allows, n, reach = self.rule.allows, len(text), self.rule.reach
         path: list[MemoNode] = []
+        checked: list[bool] = []
         start = 0
         with self._lock:
             node = self._root
             while node.children:
                 bucket = node.children.get(text[start:self._head_end(start)])
-                child = bucket and next((c for key, c in bucket.items() if start + len(key) < n
-                                         and text.startswith(key, start) and allows(text, start + len(key))), None)
-                if not child:
+                if not bucket:
                     break
+                if len(bucket) == 1:
+                    [(key, child)] = bucket.items()
+                    if not (start + len(key) < n and text.startswith(key, start)):
+                        break
+                    checked.append(False)
+                else:
+                    child = next((c for key, c in bucket.items() if start + len(key) < n
+                                  and text.startswith(key, start) and allows(text, start + len(key))), None)
+                    if child is None:
+                        break
+                    checked.append(True)
                 node, start = child, child.chars
                 path.append(child)
+            last = len(path) - 1
+            for k in range(last + 1):
+                if not checked[k] and (k == last or len(path[k + 1].key) < reach) and not allows(text, path[k].chars):
+                    del path[k:]  # the ends before k are allowed cuts (checked, or by the argument above)
+                    node, start = (path[-1], path[-1].chars) if path else (self._root, 0)
+                    break
         cuts = self._seen_cuts(node, text, start, max(GROW_SEGMENTS, len(path)))
         bounds = [start, *cuts, n]
         return _Plan(node, path, [text[a:b] for a, b in zip(bounds, bounds[1:])])

@@ -139,6 +139,12 @@ class CutRule:
         alphabet = None if model.get("byte_fallback") else frozenset(ch for token in vocab for ch in token)
         return cls("whole-text-bpe", frozenset(pairs), char_map, space_before_cut, alphabet=alphabet, **common), ""
 
+    @property
+    def reach(self) -> int:
+        """``allows(text, c)`` reads ``text`` only within ``[c - reach, c + reach)``: two texts that agree there get
+        the same answer at ``c``."""
+        return max(2, self.added_max_len)
+
     def allows(self, text: str, c: int) -> bool:
         """Whether ``encode(text) == encode(text[:c]) + encode(text[c:])``, by the rule (``0 < c < len(text)``)."""
         before, after = text[c - 1], text[c]

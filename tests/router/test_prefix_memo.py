@@ -124,6 +124,33 @@ def test_memo_ids_equal_a_whole_encode(name, tokenizers):
     assert tok.encode_batch(texts) == full(tok, texts)  # the tokenizer's own memo too
 
 
+@pytest.mark.parametrize("name", TOKENIZERS)
+def test_texts_that_leave_a_memoised_path_just_after_a_segment_get_whole_encode_ids(name, tokenizers):
+    """A segment's end is checked only where the text could differ within ``rule.reach`` of it (``_plan``): every
+    text here follows a memoised path up to a segment's end, then goes on with each atom (added tokens, pairs BPE
+    merges, whitespace runs), or with the path's next segment cut short."""
+    tok = tokenizers(name)
+    if tok.memo is None:
+        pytest.skip(f"{name}: no memo ({tok.memo_off_reason})")
+    memo = fresh(tok, segment_chars=16)
+    rng = random.Random(f"leave-{name}")
+    bases = ["\n".join(f"line {j}: " + random_text(rng, 2) + "." for j in range(12)) for _ in range(3)]
+    for _ in range(2):  # seen twice: memoised
+        memo.encode_batch(bases)
+    texts = []
+    paths = memo.encode_batch(bases)[1]
+    assert sum(map(len, paths)) > 3, name
+    for base, path in zip(bases, paths):
+        ends = [node.chars for node in path]
+        for c in ends:
+            texts += [base[:c] + atom for atom in ATOMS] + [base[:c] + atom + base[c:] for atom in ATOMS[::3]]
+            texts += [base[:c + k] for k in range(1, 4)] + [base[:c + 1] + atom for atom in ATOMS[::5]]
+    for i in range(0, len(texts), 50):
+        batch = texts[i:i + 50]
+        assert memo.encode_batch(batch)[0] == full(tok, batch), name
+    assert memo.stats.memo_ids > 1000
+
+
 def fresh(tok, **kw) -> PrefixMemo:
     """A memo like the tokenizer's own, without the sampled check (the property is what is tested)."""
     memo = tok.memo
