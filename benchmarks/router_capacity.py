@@ -66,9 +66,11 @@ from sgl_moe.policy_bench.routers import RouterUnderTest
 from sgl_moe.policy_bench.stream import StreamUnit
 
 ROUTERS = {"sgl_moe": ("sgl_moe", "longest_block_match"), "cache_aware": ("sglang-router", "cache_aware"),
-           "round_robin": ("sglang-router", "round_robin"), "sgl_moe_no_memo": ("sgl_moe", "longest_block_match")}
+           "round_robin": ("sglang-router", "round_robin"), "sgl_moe_no_memo": ("sgl_moe", "longest_block_match"),
+           "sgl_moe_baseline": ("sgl_moe", "longest_block_match")}
 """``--routers`` name -> (engine, policy). ``sgl_moe_no_memo`` (not run unless named): sgl_moe with
-``--no-prefix-memo``, every text encoded whole."""
+``--no-prefix-memo``, every text encoded whole. ``sgl_moe_baseline``: sgl_moe's router from the checkout
+``--baseline`` names (e.g. a ``git worktree`` of an older commit), to compare two versions in one run."""
 DEFAULT_ROUTERS = ["sgl_moe", "cache_aware", "round_robin"]
 SHAPES = ("shared", "unique")
 SHARED_PREFIXES = 40
@@ -302,10 +304,13 @@ class RouterSpec:
     engine: str
     policy: str
     front_processes: int = 1
+    source: Path | None = None
+    """``sgl_moe_baseline``: the checkout its router runs from."""
 
     @property
     def label(self) -> str:
-        base = f"{self.engine} {self.policy}" + (" --no-prefix-memo" if self.name == "sgl_moe_no_memo" else "")
+        base = f"{self.engine} {self.policy}" + (" --no-prefix-memo" if self.name == "sgl_moe_no_memo" else "") + (
+            f" (baseline {self.source.name})" if self.source is not None else "")
         return base if self.front_processes == 1 else f"{base} --front-processes {self.front_processes}"
 
     def extra_args(self) -> list[str]:
@@ -353,7 +358,8 @@ async def measure(url: str, stream: Stream, concurrency: int, cpu, stand_ins: St
 async def run_router(spec: RouterSpec, stand_ins: StandIns, stream: Stream, concurrency: int, log_dir: Path,
                      rep: int) -> dict:
     log = log_dir / f"{spec.label.replace(' ', '_')}-{stream.name}-{rep}.log"
-    router = RouterUnderTest(spec.policy, stand_ins.urls, log, extra_args=spec.extra_args(), engine=spec.engine)
+    router = RouterUnderTest(spec.policy, stand_ins.urls, log, extra_args=spec.extra_args(), engine=spec.engine,
+                             source=spec.source)
     try:
         try:
             await asyncio.to_thread(router.start, 120)
@@ -509,6 +515,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="sgl_moe's router once per N (``--front-processes N`` passed only when N > 1)")
     parser.add_argument("--stand-ins", type=int, default=4)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--baseline", type=Path, metavar="DIR",
+                        help="a checkout of sgl_moe (e.g. `git worktree add DIR <commit>`) whose router runs as "
+                             "sgl_moe_baseline (added to --routers) beside this one's, in the same run")
     parser.add_argument("--log-dir", type=Path, default=Path(".work/logs/router_capacity"))
     parser.add_argument("--out", type=Path, help="write every figure as JSON")
     args = parser.parse_args(argv)
@@ -524,6 +533,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     for n in args.front_processes:
         if n < 1:
             parser.error(f"--front-processes must be positive, got {n}")
+    if args.baseline is not None:
+        if not (args.baseline / "router" / "__main__.py").is_file():
+            parser.error(f"--baseline {args.baseline}: not a checkout of sgl_moe (no router/__main__.py there)")
+        args.baseline = args.baseline.resolve()
+        if "sgl_moe_baseline" not in args.routers:
+            args.routers = [*args.routers, "sgl_moe_baseline"]
+    elif "sgl_moe_baseline" in args.routers:
+        parser.error("sgl_moe_baseline needs --baseline DIR")
     args.prompt_tokens = list(dict.fromkeys(args.prompt_tokens))
     args.front_processes = list(dict.fromkeys(args.front_processes))
     return args
@@ -534,7 +551,8 @@ def router_specs(args) -> list[RouterSpec]:
     for name in dict.fromkeys(args.routers):
         engine, policy = ROUTERS[name]
         if engine == "sgl_moe":
-            specs += [RouterSpec(name, engine, policy, n) for n in args.front_processes]
+            source = args.baseline if name == "sgl_moe_baseline" else None
+            specs += [RouterSpec(name, engine, policy, n, source) for n in args.front_processes]
         else:
             specs.append(RouterSpec(name, engine, policy))
     return specs

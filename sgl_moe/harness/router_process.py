@@ -29,6 +29,9 @@ class RouterProcess:
     host: str = "127.0.0.1"
     port: int = 0
     proc: subprocess.Popen | None = None
+    source: Path | None = None
+    """Run the router of this checkout instead of the installed one (``python -m`` from there imports its
+    ``sgl_moe``): a benchmark comparing two versions side by side."""
 
     @property
     def url(self) -> str:
@@ -42,7 +45,7 @@ class RouterProcess:
         cmd = [sys.executable, "-m", "sgl_moe.router", "--host", self.host, "--port", str(self.port),
                "--worker-urls", *self.worker_urls, *self.args]
         self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-                                     env={**os.environ, "PYTHONUNBUFFERED": "1"})
+                                     env={**os.environ, "PYTHONUNBUFFERED": "1"}, cwd=self.source)
         log.close()
         return self
 

@@ -30,7 +30,7 @@ class RouterUnderTest:
     ``engine="sglang-router"`` runs a name both have (``round_robin``) with sglang-router."""
 
     def __init__(self, policy: str, worker_urls: list[str], log_path: Path, extra_args: list[str] | None = None,
-                 engine: str | None = None):
+                 engine: str | None = None, source: Path | None = None):
         if engine is None:
             if policy not in POLICIES:
                 raise ValueError(f"unknown policy {policy!r}; choose from {', '.join(POLICIES)}")
@@ -43,6 +43,8 @@ class RouterUnderTest:
         self.worker_urls = worker_urls
         self.log_path = log_path
         self.extra_args = extra_args or []
+        self.source = source
+        """sgl_moe's router from this checkout instead of the installed one (``RouterProcess.source``)."""
         self.port = free_port()
         self._ours: RouterProcess | None = None
         self._proc: subprocess.Popen | None = None
@@ -56,7 +58,8 @@ class RouterUnderTest:
     def start(self, timeout: float = 120.0) -> None:
         if self.engine == "sgl_moe":
             self._ours = RouterProcess(log_path=self.log_path, worker_urls=self.worker_urls, port=self.port,
-                                       args=["--policy", self.policy, "--log-level", "info", *self.extra_args])
+                                       args=["--policy", self.policy, "--log-level", "info", *self.extra_args],
+                                       source=self.source)
             self._ours.start()
             self._ours.wait_ready(timeout=timeout)
             self._wait_tables_synced(timeout)

@@ -53,12 +53,13 @@ def test_smallest_run_reports_router_cpu_per_request_for_every_router_and_stream
 
 
 def test_front_processes_rows_report_the_placement_owner_cpu_and_its_bound(tmp_path):
-    """``--front-processes 2`` is passed to sgl_moe's router: its row has the whole tree's CPU and the owner's."""
+    """``--front-processes 2`` is passed to sgl_moe's router: its row has the whole tree's CPU and the owner's.
+    ``--baseline DIR`` runs the router of checkout DIR (here this one) as one more row, in the same rotation."""
     out = tmp_path / "fp.json"
     # 200 requests: the owner's share (~0.1-0.2 ms each) must span several of the kernel's 10 ms CPU ticks
     proc = _run("--prompt-tokens", "50", "--shapes", "shared", "--requests", "200", "--warmup", "0",
                 "--concurrency", "4", "--repeats", "1", "--routers", "sgl_moe", "--front-processes", "1", "2",
-                "--log-dir", str(tmp_path / "logs"), "--out", str(out))
+                "--baseline", str(REPO), "--log-dir", str(tmp_path / "logs"), "--out", str(out))
     assert proc.returncode == 0, proc.stderr[-3000:]
     rows = {r["router"]: r for r in json.loads(out.read_text())["rows"]}
     assert rows["sgl_moe longest_block_match"]["cpu_ms_per_request"] > 0
@@ -68,6 +69,8 @@ def test_front_processes_rows_report_the_placement_owner_cpu_and_its_bound(tmp_p
     assert 0 < two["owner_cpu_ms_per_request"] < two["cpu_ms_per_request"], two
     assert two["owner_bound_req_per_s"] == 1e3 / two["owner_cpu_ms_per_request"]
     assert f"{two['owner_cpu_ms_per_request']:.3f} ({two['owner_bound_req_per_s']:.0f})" in proc.stdout
+    base = rows[f"sgl_moe longest_block_match (baseline {REPO.name})"]
+    assert base["available"] and base["errors"] == 0 and base["cpu_ms_per_request"] > 0, base
 
 
 def test_bad_sizes_are_one_line_errors():
@@ -78,6 +81,8 @@ def test_bad_sizes_are_one_line_errors():
                          (["--prompt-tokens", "200", "9000"], "--prompt-tokens must be between"),
                          (["--front-processes", "0"], "--front-processes must be positive"),
                          (["--routers", "fastest"], "invalid choice"),
+                         (["--baseline", "/nonexistent"], "not a checkout of sgl_moe"),
+                         (["--routers", "sgl_moe_baseline"], "sgl_moe_baseline needs --baseline DIR"),
                          (["--shapes", "zipf"], "invalid choice")):
         proc = _run(*SMALLEST, *bad, timeout=60)
         assert proc.returncode == 2 and "Traceback" not in proc.stderr, (bad, proc.stderr)
