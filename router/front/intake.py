@@ -28,6 +28,8 @@ async def read_body(request: web.Request, cfg: RouterConfig) -> bytes | web.Resp
     if length is not None and length > cfg.max_body_bytes:
         return too_large(length, cfg)
     try:
+        if request.content.is_eof():  # the whole body came with the head: nothing to wait for, no timer to set
+            return await request.read()
         async with asyncio.timeout(cfg.body_timeout_s):
             return await request.read()
     except web.HTTPRequestEntityTooLarge:

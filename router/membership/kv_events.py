@@ -78,7 +78,7 @@ def _event(raw: Any) -> KVEvent:
         return UnknownEvent(type="?", raw=raw)
     if kind == "BlockStored":
         return BlockStored(
-            block_hashes=[BlockHash(h) for h in fields["block_hashes"]],
+            block_hashes=list(fields["block_hashes"]),
             parent_block_hash=None if fields.get("parent_block_hash") is None
             else BlockHash(fields["parent_block_hash"]),
             token_ids=list(fields.get("token_ids") or []), block_size=int(fields["block_size"]),
@@ -86,7 +86,7 @@ def _event(raw: Any) -> KVEvent:
             lora_name=fields.get("lora_name"),
         )
     if kind == "BlockRemoved":
-        return BlockRemoved(block_hashes=[BlockHash(h) for h in fields["block_hashes"]], medium=fields.get("medium"))
+        return BlockRemoved(block_hashes=list(fields["block_hashes"]), medium=fields.get("medium"))
     if kind == "AllBlocksCleared":
         return AllBlocksCleared()
     return UnknownEvent(type=str(kind), raw=raw)
