@@ -81,6 +81,7 @@ RUN_BY: dict[str, list[str]] = {
         "tests/training/test_fixtures.py::test_build_is_reproducible_and_idempotent"],
     "benchmarks/router_bench.py": ["tests/benchmarks/test_router_bench.py"],
     "benchmarks/router_capacity.py": ["tests/benchmarks/test_router_capacity.py"],
+    "benchmarks/parse_path.py": ["tests/benchmarks/test_parse_path.py"],
     "benchmarks/replicas_bench.py": ["tests/benchmarks/test_replicas_bench.py"],
     "benchmarks/replicas_soak.py": ["tests/benchmarks/test_replicas_soak.py"],
     "benchmarks/tokenizer_bench.py": ["tests/benchmarks/test_tokenizer_bench.py"],
