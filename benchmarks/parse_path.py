@@ -44,6 +44,7 @@ def measure(texts_file: Path, warmup: int) -> dict:
     import orjson
 
     from sgl_moe import DEFAULT_MODEL_DIR
+    from sgl_moe.policy_bench.stream import StreamUnit
     from sgl_moe.router.front.attempt import Attempt
     from sgl_moe.router.request import router_tokenizer
     from sgl_moe.router.request.prompt_keys import prompt_keys
@@ -59,7 +60,7 @@ def measure(texts_file: Path, warmup: int) -> dict:
     for name, texts in streams.items():
         tok = RouterTokenizer.from_dir(DEFAULT_MODEL_DIR)
         limits = RequestLimits()
-        bodies = [orjson.dumps({"text": t, "sampling_params": {"max_new_tokens": 1, "temperature": 0}}) for t in texts]
+        bodies = [orjson.dumps(StreamUnit("", name, t, 0).body()) for t in texts]  # router_capacity's bodies
         gc.collect()
         gc.freeze()
         gc.set_threshold(50_000, 20, 100)  # the router's (``service.tune_gc``)

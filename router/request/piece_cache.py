@@ -144,7 +144,6 @@ class PieceCache:
                     del kept[piece]
 
 
-
 def _nones(found: list) -> list[int]:
     """Where ``found`` holds None (searched at C speed: few of them in many)."""
     at: list[int] = []
