@@ -19,6 +19,12 @@ memo off for good (the tokenizer then encodes every text whole), logged once and
 Nodes are dropped least recently used first once they hold more than ``budget_tokens`` ids. A path is touched
 from its deepest node up, so a node is always more recent than its descendants and the oldest one is a leaf.
 The memo is shared by the threads that parse requests: one lock guards the tree, never held while encoding.
+
+*Hints* spare a popular prefix its walk: for the first ``segment_chars`` characters of a text (the root's bucket
+key), the memo keeps the last few deepest paths texts took from there, each with its whole text and its ids in
+one list. A text that starts with a hint's text (one comparison at C speed) starts its walk at the hint's node,
+and its ids start as a copy of the hint's. That path is one the walk could have taken (every segment on it starts
+the text where the walk would look for it); its ends are checked as the walk's are (``_plan``).
 """
 
 from __future__ import annotations
@@ -48,6 +54,10 @@ CHECK_EVERY = 64
 """One text in this many that the memo helped with is also encoded whole and compared."""
 HASH_KEYS_PER_NODE = 4
 """Page-hash chains a node keeps (one per page size and ``cache_salt`` seed)."""
+HINTS_PER_HEAD = 4
+"""Deepest paths kept per first segment's head (``_Hint``): prefixes that share their first characters."""
+HINT_IDS = 500_000
+"""Ids the hints hold together (a Python list each, ~40 bytes an id: ~20 MB) before the least recently used go."""
 
 EncodeBatch = Callable[[list[str]], list[list[int]]]
 
@@ -86,6 +96,8 @@ class MemoStats:
     """Characters the tokenizer still encoded."""
     checks: int = 0
     mismatches: int = 0
+    hinted: int = 0
+    """Texts whose walk started at a hint (``_Hint``)."""
 
 
 class PrefixMemo:
@@ -111,6 +123,9 @@ class PrefixMemo:
         self._lru: OrderedDict[int, MemoNode] = OrderedDict()
         self._ghosts: OrderedDict[int, None] = OrderedDict()
         """Hashes of (prefix, segment) seen once (``_seen_cuts``)."""
+        self._hints: OrderedDict[str, list[_Hint]] = OrderedDict()
+        """First ``segment_chars`` characters -> the last deepest paths from there, most recent first."""
+        self._hint_ids = 0
         self._lock = threading.Lock()
         self._since_check = 0
 
@@ -168,11 +183,14 @@ class PrefixMemo:
         ``rule.reach`` long, the cut is allowed here too without asking. So only the deepest match's end, ends
         followed by a short segment, and a choice between two segments that both start the rest are checked."""
         allows, n, reach = self.rule.allows, len(text), self.rule.reach
-        path: list[MemoNode] = []
-        checked: list[bool] = []
-        start = 0
+        head = text[:self.segment_chars]
         with self._lock:
-            node = self._root
+            hint = self._hint(head, text)
+            if hint is None:
+                node, start, path, checked = self._root, 0, [], []
+            else:
+                path = list(hint.path)
+                node, start, checked = path[-1], path[-1].chars, [False] * len(path)
             while node.children:
                 bucket = node.children.get(text[start:self._head_end(start)])
                 if not bucket:
@@ -196,9 +214,50 @@ class PrefixMemo:
                     del path[k:]  # the ends before k are allowed cuts (checked, or by the argument above)
                     node, start = (path[-1], path[-1].chars) if path else (self._root, 0)
                     break
+            if hint is not None and len(path) < len(hint.path):
+                hint = None
         cuts = self._seen_cuts(node, text, start, max(GROW_SEGMENTS, len(path)))
         bounds = [start, *cuts, n]
-        return _Plan(node, path, [text[a:b] for a, b in zip(bounds, bounds[1:])])
+        return _Plan(node, path, [text[a:b] for a, b in zip(bounds, bounds[1:])], head, hint, text)
+
+    def _hint(self, head: str, text: str) -> _Hint | None:
+        """Under the lock: a hint whose text starts ``text`` (and is shorter, as a walk's match is), its nodes
+        still in the memo."""
+        hints = self._hints.get(head)
+        if not hints:
+            return None
+        n = len(text)
+        for i, hint in enumerate(hints):
+            if len(hint.text) < n and text.startswith(hint.text):
+                deepest = hint.path[-1]
+                if self._lru.get(id(deepest)) is not deepest:  # evicted (its ancestors may stay): drop the hint
+                    del hints[i]
+                    self._hint_ids -= len(hint.ids)
+                    return None
+                if i:
+                    hints.insert(0, hints.pop(i))
+                self._hints.move_to_end(head)
+                self.stats.hinted += 1
+                return hint
+        return None
+
+    def _remember(self, head: str, text: str, path: MemoPath, ids: list[int], extends: _Hint | None) -> None:
+        """Under the lock: ``path`` (deepest last) is the newest hint for ``head``; it replaces ``extends``, the hint
+        it went on from (a prefix memoised further keeps one hint, not one per length)."""
+        deepest = path[-1]
+        hint = _Hint(text[:deepest.chars], path, ids[:deepest.end])
+        hints = self._hints.setdefault(head, [])
+        if extends is not None and extends in hints:
+            hints.remove(extends)
+            self._hint_ids -= len(extends.ids)
+        hints.insert(0, hint)
+        self._hint_ids += len(hint.ids)
+        if len(hints) > HINTS_PER_HEAD:
+            self._hint_ids -= len(hints.pop().ids)
+        self._hints.move_to_end(head)
+        while self._hint_ids > HINT_IDS and self._hints:
+            _, dropped = self._hints.popitem(last=False)
+            self._hint_ids -= sum(len(h.ids) for h in dropped)
 
     def _seen_cuts(self, node: MemoNode, text: str, start: int, remember: int) -> list[int]:
         """The checkpoints after ``node`` to memoise now: those ending segments already seen once after the same
@@ -240,9 +299,16 @@ class PrefixMemo:
             own = encoded[0]
             return (self.prefix + own + self.suffix if self.prefix or self.suffix else own), ()
         path = list(plan.path)
-        ids = array.array("I", self.prefix)
-        for n in path:
-            ids.extend(n.ids)
+        base = plan.hint
+        if base is None:
+            ids = array.array("I", self.prefix)
+            for n in path:
+                ids.extend(n.ids)
+            ids = ids.tolist()
+        else:  # the hint's ids, then the nodes matched past it (ids as a list: no array to convert at the end)
+            ids = base.ids.copy()
+            for n in path[len(base.path):]:
+                ids.extend(n.ids)
         memo_ids = len(ids) - len(self.prefix)
         node = plan.node
         for seg, seg_ids in zip(plan.to_encode[:-1], encoded):  # every piece but the tail ends at a checkpoint
@@ -261,7 +327,10 @@ class PrefixMemo:
             self._lru[id(n)] = n
             self._lru.move_to_end(id(n))
         self.stats.memo_ids += memo_ids
-        return ids.tolist(), tuple(path)
+        path_t = tuple(path)
+        if path and (base is None or base.path[-1] is not path[-1]):
+            self._remember(plan.head, plan.text, path_t, ids, base)
+        return ids, path_t
 
     def _evict(self) -> None:
         while self.tokens > self.budget_tokens and self._lru:
@@ -298,7 +367,9 @@ class PrefixMemo:
         with self._lock:
             self._root.children.clear()
             self._lru.clear()
+            self._hints.clear()
             self.tokens = 0
+            self._hint_ids = 0
 
 
 @dataclass
@@ -309,6 +380,22 @@ class _Plan:
     """The nodes matched, root's child first."""
     to_encode: list[str]
     """The text after the match, cut at its remaining checkpoints; the last piece is the tail."""
+    head: str
+    """The text's first ``segment_chars`` characters (its hints' key)."""
+    hint: _Hint | None
+    """The hint ``path`` starts with."""
+    text: str
+
+
+@dataclass(eq=False)
+class _Hint:
+    """A path a text took from the root, kept to be matched whole (see the module)."""
+
+    text: str
+    """The text through the deepest node's end."""
+    path: MemoPath
+    ids: list[int]
+    """The ids through the deepest node's end, the special tokens added in front included."""
 
 
 def _first_difference(a: list[int], b: list[int]) -> int:

@@ -72,3 +72,29 @@ def test_the_router_tokenizer_encodes_through_pieces_exactly(tokenizers):
     before = tok.pieces.hits
     assert tok.encode_batch(texts) == full(tok, texts)
     assert tok.pieces.hits > before
+
+
+@pytest.mark.parametrize("name", TOKENIZERS)
+def test_texts_split_by_words_and_by_the_regex_get_the_same_ids(name, tokenizers):
+    """A text without two spaces in a row is split with ``str.split`` into words, its pieces kept by the word; one
+    with them by the regex. The same words in both kinds of text, at the start, after a space, at the end, alone,
+    with a space before or after the whole text: every text's ids equal a whole encode, cold and warm."""
+    tok = tokenizers(name)
+    if tok.pieces is None:
+        pytest.skip(f"{name}: no piece cache ({tok.memo_off_reason or 'texts are not cut at spaces'})")
+    cache = piece_cache.PieceCache.of(tok.memo.rule, tok._encode_plain_batch)
+    rng = random.Random(f"split-{name}")
+    words = ["the", "cat", "Hello", "world,", "42", "naïve", "x", "café.", "def", "(a)", "\n", "e\u0301", "🙂"]
+    texts = ["", " ", "  ", "cat", " cat", "cat ", " cat ", "the  cat", "the cat  ", "  the cat", "the\ncat dog"]
+    for _ in range(150):
+        line = [rng.choice(words) for _ in range(rng.randint(1, 12))]
+        text = " ".join(line)
+        texts += [text, " " + text, text + " ", text.replace(" ", "  ", 1), rng.choice(words) + text]
+    for _ in range(2):  # cold, then warm: the second round finds each piece under the other split's key too
+        for i in range(0, len(texts), 9):
+            batch = texts[i:i + 9]
+            assert cache.encode_batch(batch) == plain(tok, batch), (name, batch)
+    fast = [t for t in texts if cache.cuttable(t) and "  " not in t]
+    slow = [t for t in texts if cache.cuttable(t) and "  " in t]
+    assert len(fast) > 300 and len(slow) > 100, (len(fast), len(slow))
+    assert len(cache._words) > 5 and cache.hits > cache.misses

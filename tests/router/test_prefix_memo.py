@@ -121,6 +121,7 @@ def test_memo_ids_equal_a_whole_encode(name, tokenizers):
             for page, seed in ((1, None), (4, None), (16, salt_seed("tenant"))):
                 assert page_hashes(path, p, page, seed) == block_hashes(p, page, seed)
     assert memo.stats.memo_ids > 300 and memo.stats.mismatches == 0
+    assert memo.stats.hinted >= 5, f"{name}: {memo.stats.hinted} texts started at a hint"
     assert tok.encode_batch(texts) == full(tok, texts)  # the tokenizer's own memo too
 
 
@@ -148,7 +149,7 @@ def test_texts_that_leave_a_memoised_path_just_after_a_segment_get_whole_encode_
     for i in range(0, len(texts), 50):
         batch = texts[i:i + 50]
         assert memo.encode_batch(batch)[0] == full(tok, batch), name
-    assert memo.stats.memo_ids > 1000
+    assert memo.stats.memo_ids > 1000 and memo.stats.hinted > 100, (name, memo.stats)
 
 
 def fresh(tok, **kw) -> PrefixMemo:
