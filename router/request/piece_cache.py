@@ -14,9 +14,10 @@ unless
 - the vocabulary lacks either character (no byte fallback: ``<unk>`` may fuse).
 
 A text with none of those is the concatenation of its pieces' ids (the cut argument, one cut at a time). Each
-check runs over the whole text at C speed, never cut by cut; a text failing one is encoded whole. A text without
-two spaces in a row is split with ``str.split(" ")`` (5x the regex's speed): its pieces are its first word and
-a space before each word after it, kept by the word (``_words``); other texts are split by the regex. Ids of pieces up
+check runs over the whole text at C speed, never cut by cut; a text failing one is encoded whole. The pieces
+come from ``str.split(" ")`` (5x the regex's speed): the first word, then one space and each word after it, kept
+by the word (``_words``); an empty word marks one more space, and a run of them joins the next word's piece (the
+few pieces with two spaces or more are kept by their text). Ids of pieces up
 to ``MAX_PIECE_CHARS`` are kept (``MAX_PIECES`` of them, the oldest half dropped when full); new pieces of a batch
 are encoded in one call. ``PrefixMemo`` encodes its segments through this, so its sampled whole-encode check
 covers it in service.
@@ -31,7 +32,6 @@ from itertools import chain, islice
 
 from sgl_moe.router.request.token_cuts import CutRule
 
-PIECE = re.compile(r" *[^ ]+| +")
 MAX_PIECES = 200_000
 """Pieces kept (about 150 bytes each)."""
 MAX_PIECE_CHARS = 64
@@ -98,7 +98,8 @@ class PieceCache:
         kept, words = self._ids, self._words
         out: list[list[int] | None] = []
         partial: list[tuple[int, list[str], list[list[int] | None], list[int]]] = []
-        """Texts with pieces not kept: (index, their pieces, their kept ids or None, where the Nones are)."""
+        """Texts with pieces not kept: (index, the missing pieces, every piece's kept ids or None, where the Nones
+        are)."""
         new: dict[str, None] = {}
         whole: list[int] = []
         for i, text in enumerate(texts):
@@ -106,23 +107,21 @@ class PieceCache:
                 out.append(None)
                 whole.append(i)
                 continue
-            if "  " in text:
-                pieces = PIECE.findall(text)
-                found = list(map(kept.get, pieces))  # at C speed, as is the rest when every piece is kept
-            else:  # pieces: the first word, then " " + each word after it
-                parts = text.split(" ")
-                first = parts[0]
-                found = [kept.get(first)] if first else []
-                found += map(words.get, islice(parts, 1, None))
-                pieces = None
-            self.hits += len(found)
+            parts = text.split(" ")
+            first = parts[0]  # "" when the text starts with a space
+            found = [kept.get(first)] if first else []
+            at = len(found) - 1  # found[at + j] is parts[j]'s piece
+            found += map(words.get, islice(parts, 1, None))
+            runs = _space_runs(parts) if "  " in text else {}
+            for j, piece in runs.items():
+                found[at + j] = kept.get(piece) if piece else _NOTHING
+            self.hits += len(found) - sum(1 for piece in runs.values() if not piece)
             if None in found:  # a new piece, a long one (never kept), or one another thread's call dropped
                 out.append(None)
                 missing = _nones(found)
-                if pieces is None:
-                    pieces = ([first] if first else []) + [" " + w for w in islice(parts, 1, None)]
+                pieces = [runs.get(j - at) or (parts[0] if j - at == 0 else " " + parts[j - at]) for j in missing]
                 partial.append((i, pieces, found, missing))
-                new.update(dict.fromkeys([pieces[j] for j in missing]))
+                new.update(dict.fromkeys(pieces))
             else:
                 out.append(list(chain.from_iterable(found)))
         if new or whole:
@@ -133,8 +132,8 @@ class PieceCache:
             self.whole += len(whole)
             self._keep(fresh)
             for i, pieces, found, missing in partial:
-                for j in missing:
-                    found[j] = fresh[pieces[j]]
+                for j, piece in zip(missing, pieces):
+                    found[j] = fresh[piece]
                 out[i] = list(chain.from_iterable(found))
             for i, ids in zip(whole, encoded[len(new):]):
                 out[i] = ids
@@ -160,13 +159,45 @@ class PieceCache:
                         del kept[piece]
 
 
-def _nones(found: list) -> list[int]:
-    """Where ``found`` holds None (searched at C speed: few of them in many)."""
+_NOTHING: list[int] = []
+"""The ids of an empty word inside a run of spaces: its space is in the run's piece."""
+
+
+def _space_runs(parts: list[str]) -> dict[int, str]:
+    """For ``parts = text.split(" ")``: the parts whose piece is not one space then the part. A run of ``m`` empty
+    parts before a word is ``m + 1`` spaces then the word, one piece (at the word's index; the empty parts map to
+    ""); ``m`` empty parts that end the text are a piece of ``m`` spaces (at the last one)."""
+    runs: dict[int, str] = {}
+    empty = _nones(parts, "")
+    n, k = len(parts), 0
+    while k < len(empty):
+        a = empty[k]
+        if a == 0:  # the text starts with a space: no first word, and the first space belongs to parts[1]'s piece
+            k += 1
+            continue
+        b = a
+        while k + 1 < len(empty) and empty[k + 1] == b + 1:
+            k += 1
+            b += 1
+        k += 1
+        m = b - a + 1
+        if b == n - 1:  # spaces that end the text
+            if m > 1:
+                runs.update(dict.fromkeys(range(a, b), ""))
+                runs[b] = " " * m
+        else:
+            runs.update(dict.fromkeys(range(a, b + 1), ""))
+            runs[b + 1] = " " * (m + 1) + parts[b + 1]
+    return runs
+
+
+def _nones(found: list, what: object = None) -> list[int]:
+    """Where ``found`` holds None, or ``what`` (searched at C speed: few of them in many)."""
     at: list[int] = []
     j = -1
     try:
         while True:
-            j = found.index(None, j + 1)
+            j = found.index(what, j + 1)
             at.append(j)
     except ValueError:
         return at

@@ -98,3 +98,25 @@ def test_texts_split_by_words_and_by_the_regex_get_the_same_ids(name, tokenizers
     slow = [t for t in texts if cache.cuttable(t) and "  " in t]
     assert len(fast) > 300 and len(slow) > 100, (len(fast), len(slow))
     assert len(cache._words) > 5 and cache.hits > cache.misses
+
+
+def test_space_runs_give_the_regex_pieces():
+    """``_space_runs`` over ``str.split(" ")`` gives the pieces ``" *[^ ]+| +"`` finds: every run of spaces, at the
+    start, inside and at the end of a text, of every length up to 5."""
+    import re
+
+    rng = random.Random("runs")
+    texts = ["", " ", "  ", "   ", "a", " a", "  a", "a ", "a  ", "a  b", "  a  b  ", "a b c"]
+    texts += ["".join(rng.choice(["a", "bc", "\n", " ", "  ", "   ", " " * 5]) for _ in range(rng.randint(1, 14)))
+              for _ in range(2000)]
+    for text in texts:
+        parts = text.split(" ")
+        runs = piece_cache._space_runs(parts)
+        pieces = [parts[0]] if parts[0] else []
+        for j in range(1, len(parts)):
+            run = runs.get(j)
+            if run is None:
+                pieces.append(" " + parts[j])
+            elif run:
+                pieces.append(run)
+        assert pieces == re.findall(r" *[^ ]+| +", text), repr(text)
