@@ -20,14 +20,24 @@ same texts, in its own interpreters, the two alternating (which goes first flips
 repeats is reported with every repeat's figure: on a shared VM a run is only ever slowed down, not sped up. This
 is the path ``router_capacity`` measures inside the live router; its HTTP, event-loop, placement and forwarding
 costs are not here.
+
+``--instructions`` counts instead of timing: each interpreter runs under valgrind's callgrind, instrumented only
+while a stream's measured requests run (``callgrind_control``), and the figure is instructions per request (all
+stages together). On this shared VM, where CPU time moves by up to 2x between repeats, a count repeats within
+0.2% and shows a 5% change at once; it runs ~50x slower (``--requests 200`` takes about a minute per stream and
+checkout, two at a time). Code that picks its instructions by CPU (OpenSSL's SHA-256) runs its generic path under
+valgrind, so a count is a proxy for CPU time, not a measure of it. Needs ``valgrind`` (Debian: ``apt-get install
+valgrind``).
 """
 
 from __future__ import annotations
 
 import argparse
 import gc
+import glob
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -39,8 +49,9 @@ STAGES = ("parse", "hash", "attempt")
 PAGE_SIZE = 16
 
 
-def measure(texts_file: Path, warmup: int) -> dict:
-    """In this interpreter (whichever checkout it imports): CPU us per request per stage, per stream."""
+def measure(texts_file: Path, warmup: int, count: bool = False) -> dict:
+    """In this interpreter (whichever checkout it imports): CPU us per request per stage, per stream; with ``count``
+    (under callgrind), each stream's measured requests are instrumented and dumped apart instead."""
     import orjson
 
     from sgl_moe import DEFAULT_MODEL_DIR
@@ -66,6 +77,8 @@ def measure(texts_file: Path, warmup: int) -> dict:
         gc.set_threshold(50_000, 20, 100)  # the router's (``service.tune_gc``)
         spent = dict.fromkeys(STAGES, 0)
         for i, raw in enumerate(bodies):
+            if count and i == warmup:
+                _callgrind("-i", "on")
             t0 = clock()
             parsed = parse_request("/generate", raw, tokenizer=tok, served_model_name="m", context_length=1 << 20,
                                    limits=limits)
@@ -79,20 +92,44 @@ def measure(texts_file: Path, warmup: int) -> dict:
                 spent["hash"] += t2 - t1
                 spent["attempt"] += t3 - t2
         n = len(bodies) - warmup
+        if count:
+            _callgrind("-d", name)  # one part file per stream, in stream order (a dump asked for after "-i off"
+            _callgrind("-i", "off")  # is never taken); the two calls' own instructions are counted too
         out[name] = {stage: ns / n / 1e3 for stage, ns in spent.items()}
         out[name]["total"] = sum(out[name][s] for s in STAGES)
         gc.unfreeze()
     return out
 
 
-def run_one(source: Path, texts_file: Path, warmup: int) -> dict:
-    """``measure`` in a fresh interpreter importing ``source``'s sgl_moe."""
+def _callgrind(*args: str) -> None:
+    subprocess.run(["callgrind_control", *args, str(os.getpid())], check=True, capture_output=True)
+
+
+def run_one(source: Path, texts_file: Path, warmup: int, count_dir: Path | None = None) -> dict:
+    """``measure`` in a fresh interpreter importing ``source``'s sgl_moe; with ``count_dir``, under callgrind, and
+    the result is instructions per request per stream (``{"instructions": n}``)."""
     env = {**os.environ, "PYTHONPATH": str(source)}
-    proc = subprocess.run([sys.executable, __file__, "--measure", str(texts_file), "--warmup", str(warmup)],
-                          capture_output=True, text=True, env=env, cwd=source)
+    cmd = [sys.executable, __file__, "--measure", str(texts_file), "--warmup", str(warmup)]
+    if count_dir is not None:
+        count_dir.mkdir(parents=True, exist_ok=True)
+        env.update(PYTHONHASHSEED="0", TOKENIZERS_PARALLELISM="false")
+        cmd = ["valgrind", "--tool=callgrind", "--instr-atstart=no",
+               f"--callgrind-out-file={count_dir}/callgrind.out", *cmd, "--count"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=source)
     if proc.returncode != 0:
         raise RuntimeError(f"measuring {source} failed:\n{proc.stderr[-3000:]}")
-    return json.loads(proc.stdout.splitlines()[-1])
+    result = json.loads(proc.stdout.splitlines()[-1])
+    if count_dir is None:
+        return result
+    parts = sorted(glob.glob(f"{count_dir}/callgrind.out.*"), key=lambda f: int(f.rsplit(".", 1)[1]))
+    if len(parts) != len(result):
+        raise RuntimeError(f"callgrind wrote {len(parts)} dumps for {len(result)} streams in {count_dir}")
+    requests = json.loads(texts_file.read_text())
+    counted = {}
+    for name, part in zip(result, parts):
+        summary = next(line for line in Path(part).read_text().splitlines() if line.startswith("totals:"))
+        counted[name] = {"instructions": int(summary.split()[1]) / (len(requests[name]) - warmup)}
+    return counted
 
 
 def build_texts(args) -> dict[str, list[str]]:
@@ -107,6 +144,18 @@ def build_texts(args) -> dict[str, list[str]]:
 
 def table(result: dict) -> str:
     labels = list(result["runs"])
+    if result.get("instructions"):
+        head = "| stream | " + " | ".join(f"{label} instructions/req" for label in labels) + " |"
+        if len(labels) == 2:
+            head += f" {labels[0]} / {labels[1]} |"
+        lines = [head, "|" + "---|" * (head.count("|") - 1)]
+        for stream in result["streams"]:
+            counts = [result["runs"][label][0][stream]["instructions"] for label in labels]
+            row = f"| {stream} | " + " | ".join(f"{c:,.0f}" for c in counts) + " |"
+            if len(labels) == 2:
+                row += f" {counts[0] / counts[1]:.3f} |"
+            lines.append(row)
+        return "\n".join(lines)
     head = "| stream | stage | " + " | ".join(f"{label} us/req (repeats)" for label in labels) + " |"
     if len(labels) == 2:
         head += f" {labels[0]} / {labels[1]} |"
@@ -136,8 +185,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--baseline", type=Path, metavar="DIR",
                         help="a checkout of sgl_moe whose parse path is measured beside this one's")
     parser.add_argument("--out", type=Path, help="write every figure as JSON")
+    parser.add_argument("--instructions", action="store_true",
+                        help="count instructions per request under valgrind's callgrind instead of timing (once, "
+                             "the checkouts two at a time; see above)")
     parser.add_argument("--measure", type=Path, help=argparse.SUPPRESS)  # internal: one measuring interpreter
+    parser.add_argument("--count", action="store_true", help=argparse.SUPPRESS)  # internal: under callgrind
     args = parser.parse_args(argv)
+    if args.instructions and not (shutil.which("valgrind") and shutil.which("callgrind_control")):
+        parser.error("--instructions needs valgrind (Debian: apt-get install valgrind)")
     for name in ("requests", "repeats"):
         if getattr(args, name) < 1:
             parser.error(f"--{name} must be positive, got {getattr(args, name)}")
@@ -156,7 +211,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.measure is not None:
-        print(json.dumps(measure(args.measure, args.warmup)))
+        print(json.dumps(measure(args.measure, args.warmup, args.count)))
         return 0
     t0 = time.monotonic()
     texts = build_texts(args)
@@ -167,7 +222,17 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="parse-path-") as tmp:
         texts_file = Path(tmp) / "texts.json"
         texts_file.write_text(json.dumps(texts))
-        for rep in range(args.repeats):
+        if args.instructions:  # deterministic: once each, side by side (a core each)
+            from concurrent.futures import ThreadPoolExecutor
+
+            t = time.monotonic()
+            with ThreadPoolExecutor(len(sources)) as pool:
+                futures = {label: pool.submit(run_one, source, texts_file, args.warmup, Path(tmp) / f"cg{k}")
+                           for k, (label, source) in enumerate(sources.items())}
+                for label, future in futures.items():
+                    runs[label].append(future.result())
+            print(f"counted in {time.monotonic() - t:.0f} s", file=sys.stderr)
+        for rep in range(0 if args.instructions else args.repeats):
             order = list(sources.items())
             if rep % 2:
                 order.reverse()
@@ -179,7 +244,8 @@ def main(argv: list[str] | None = None) -> int:
                       file=sys.stderr)
     result = {"command": " ".join([Path(sys.argv[0]).as_posix(), *(argv if argv is not None else sys.argv[1:])]),
               "machine": {"cpu_count": os.cpu_count(), "platform": sys.platform},
-              "streams": list(texts), "requests": args.requests, "warmup": args.warmup, "runs": runs}
+              "streams": list(texts), "requests": args.requests, "warmup": args.warmup,
+              "instructions": args.instructions, "runs": runs}
     print(table(result))
     if args.out is not None:
         args.out.write_text(json.dumps(result, indent=1))

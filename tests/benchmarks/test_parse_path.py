@@ -3,9 +3,12 @@
 never for speed."""
 
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -40,3 +43,21 @@ def test_bad_arguments_are_one_line_errors():
                          (["--baseline", "/nonexistent"], "not a checkout of sgl_moe")):
         proc = _run(*bad, timeout=60)
         assert proc.returncode == 2 and message in proc.stderr and "Traceback" not in proc.stderr, (bad, proc.stderr)
+
+
+@pytest.mark.skipif(shutil.which("valgrind") is None, reason="--instructions needs valgrind (apt-get install valgrind)")
+def test_instructions_are_counted_per_stream_under_callgrind(tmp_path):
+    """Each stream's measured requests are counted apart (one callgrind dump per stream): two streams of one
+    checkout give two counts, each of a size a parse takes (a 50-token prompt: well over 10,000 instructions, far
+    under the interpreter's start-up, which is not counted)."""
+    out = tmp_path / "counted.json"
+    proc = _run("--prompt-tokens", "50", "--requests", "10", "--warmup", "5", "--instructions", "--out", str(out),
+                timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(out.read_text())
+    assert result["instructions"] is True
+    [counted] = result["runs"]["this checkout"]
+    assert set(counted) == {"shared-50", "unique-50"}
+    for stream, fig in counted.items():
+        assert 10_000 < fig["instructions"] < 50_000_000, (stream, fig)
+    assert "| shared-50 | " in proc.stdout and "instructions/req" in proc.stdout
