@@ -53,7 +53,7 @@ class PieceCache:
         self._known = known
         """Characters the vocabulary holds (None: byte fallback, every character is known)."""
         self._ids: dict[str, list[int]] = {}
-        """Pieces of texts split by the regex, and first words, by their text."""
+        """First words, and pieces of two spaces or more (a word after them or not), by their text."""
         self._words: dict[str, list[int]] = {}
         """Pieces of one space then a word (no space: "" for a space that ends a text), by the word."""
         self._lock = threading.Lock()
@@ -145,10 +145,12 @@ class PieceCache:
         with self._lock:
             kept, words = self._ids, self._words
             for piece, ids in fresh.items():
-                if len(piece) <= MAX_PIECE_CHARS:
+                if len(piece) > MAX_PIECE_CHARS:
+                    continue
+                if piece[:1] == " " and " " not in piece[1:]:  # one space then a word: looked up by the word
+                    words[piece[1:]] = ids
+                else:
                     kept[piece] = ids
-                    if piece[:1] == " " and " " not in piece[1:]:  # either split finds it next time
-                        words[piece[1:]] = ids
 
     def _trim(self) -> None:
         """Drop the older half of the kept pieces (after a call's texts are assembled)."""

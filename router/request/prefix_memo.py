@@ -218,7 +218,7 @@ class PrefixMemo:
                 hint = None
         cuts = self._seen_cuts(node, text, start, max(GROW_SEGMENTS, len(path)))
         bounds = [start, *cuts, n]
-        return _Plan(node, path, [text[a:b] for a, b in zip(bounds, bounds[1:])], head, hint, text)
+        return _Plan(node, path, [text[a:b] for a, b in zip(bounds, bounds[1:])], hint, text)
 
     def _hint(self, head: str, text: str) -> _Hint | None:
         """Under the lock: a hint whose text starts ``text`` (and is shorter, as a walk's match is), its nodes
@@ -329,7 +329,7 @@ class PrefixMemo:
         self.stats.memo_ids += memo_ids
         path_t = tuple(path)
         if path and (base is None or base.path[-1] is not path[-1]):
-            self._remember(plan.head, plan.text, path_t, ids, base)
+            self._remember(plan.text[:self.segment_chars], plan.text, path_t, ids, base)
         return ids, path_t
 
     def _evict(self) -> None:
@@ -380,11 +380,10 @@ class _Plan:
     """The nodes matched, root's child first."""
     to_encode: list[str]
     """The text after the match, cut at its remaining checkpoints; the last piece is the tail."""
-    head: str
-    """The text's first ``segment_chars`` characters (its hints' key)."""
     hint: _Hint | None
     """The hint ``path`` starts with."""
     text: str
+    """The whole text."""
 
 
 @dataclass(eq=False)
