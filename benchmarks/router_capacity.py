@@ -67,9 +67,11 @@ from sgl_moe.policy_bench.stream import StreamUnit
 
 ROUTERS = {"sgl_moe": ("sgl_moe", "longest_block_match"), "cache_aware": ("sglang-router", "cache_aware"),
            "round_robin": ("sglang-router", "round_robin"), "sgl_moe_no_memo": ("sgl_moe", "longest_block_match"),
-           "sgl_moe_baseline": ("sgl_moe", "longest_block_match")}
+           "sgl_moe_baseline": ("sgl_moe", "longest_block_match"),
+           "sgl_moe_aiohttp": ("sgl_moe", "longest_block_match")}
 """``--routers`` name -> (engine, policy). ``sgl_moe_no_memo`` (not run unless named): sgl_moe with
-``--no-prefix-memo``, every text encoded whole. ``sgl_moe_baseline``: sgl_moe's router from the checkout
+``--no-prefix-memo``, every text encoded whole. ``sgl_moe_aiohttp``: sgl_moe with ``--http-server aiohttp``, every
+request on aiohttp's server instead of the bare protocols. ``sgl_moe_baseline``: sgl_moe's router from the checkout
 ``--baseline`` names (e.g. a ``git worktree`` of an older commit), to compare two versions in one run."""
 DEFAULT_ROUTERS = ["sgl_moe", "cache_aware", "round_robin"]
 SHAPES = ("shared", "unique")
@@ -310,6 +312,7 @@ class RouterSpec:
     @property
     def label(self) -> str:
         base = f"{self.engine} {self.policy}" + (" --no-prefix-memo" if self.name == "sgl_moe_no_memo" else "") + (
+            " --http-server aiohttp" if self.name == "sgl_moe_aiohttp" else "") + (
             f" (baseline {self.source.name})" if self.source is not None else "")
         return base if self.front_processes == 1 else f"{base} --front-processes {self.front_processes}"
 
@@ -317,6 +320,7 @@ class RouterSpec:
         if self.engine != "sgl_moe":
             return []
         return ["--log-level", "warning", *(["--no-prefix-memo"] if self.name == "sgl_moe_no_memo" else []),
+                *(["--http-server", "aiohttp"] if self.name == "sgl_moe_aiohttp" else []),
                 *(["--front-processes", str(self.front_processes)] if self.front_processes > 1 else [])]
 
 
@@ -503,7 +507,8 @@ def table(result: dict) -> str:
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--routers", nargs="+", default=DEFAULT_ROUTERS, choices=list(ROUTERS),
-                        help="sgl_moe (longest_block_match), sgl_moe_no_memo (the same, --no-prefix-memo) and "
+                        help="sgl_moe (longest_block_match), sgl_moe_no_memo (the same, --no-prefix-memo), "
+                             "sgl_moe_aiohttp (the same, --http-server aiohttp) and "
                              "sglang-router's cache_aware / round_robin")
     parser.add_argument("--prompt-tokens", nargs="+", type=int, default=[200, 2000, 4000])
     parser.add_argument("--shapes", nargs="+", default=list(SHAPES), choices=SHAPES)

@@ -10,7 +10,8 @@ from aiohttp import web
 
 from sgl_moe.router.config import RouterConfig
 from sgl_moe.router.front.front_processes import FrontSockets, FrontStartError
-from sgl_moe.router.front.service import ROUTER, build_app, tune_gc
+from sgl_moe.router.front.http_server import serve
+from sgl_moe.router.front.service import ROUTER, build_app, hot_routes, tune_gc
 from sgl_moe.router.request.router_tokenizer import encode_batches_serially, keep_torch_out
 
 
@@ -39,9 +40,12 @@ def main(argv: list[str] | None = None) -> int:
         else:
             sockets, where = None, {"host": cfg.host, "port": cfg.port}
         app = build_app(cfg, sockets)
-        web.run_app(app, **where, print=None, access_log=None,
-                    handle_signals=True, keepalive_timeout=cfg.header_timeout_s, handler_cancellation=True,
-                    loop=uvloop.new_event_loop())
+        if sockets is None and cfg.http_server == "bare":  # the proxied routes on bare protocols (http_server)
+            serve(app, hot_routes(app), host=cfg.host, port=cfg.port, loop=uvloop.new_event_loop())
+        else:
+            web.run_app(app, **where, print=None, access_log=None,
+                        handle_signals=True, keepalive_timeout=cfg.header_timeout_s, handler_cancellation=True,
+                        loop=uvloop.new_event_loop())
     except FrontStartError as exc:
         print(f"sgl_moe.router: error: {exc}", file=sys.stderr)
         return 1

@@ -35,8 +35,7 @@ async def read_body(request: web.Request, cfg: RouterConfig) -> bytes | web.Resp
     except web.HTTPRequestEntityTooLarge:
         return too_large(None, cfg)
     except TimeoutError:
-        return closing(error_response(408, f"the request body did not arrive within {cfg.body_timeout_s:g} s "
-                                           "(--body-timeout-s)"))
+        return too_slow(cfg)
 
 
 async def parse(endpoint: str, raw: bytes, *, tokenizer: RouterTokenizer, served_model_name: str,
@@ -55,6 +54,11 @@ def too_large(length: int | None, cfg: RouterConfig) -> web.Response:
     size = f"{length} bytes" if length is not None else "larger"
     return closing(error_response(413, f"request body too large ({size}); the router accepts at most "
                                        f"{cfg.max_body_bytes} bytes (--max-body-bytes)"))
+
+
+def too_slow(cfg: RouterConfig) -> web.Response:
+    return closing(error_response(408, f"the request body did not arrive within {cfg.body_timeout_s:g} s "
+                                       "(--body-timeout-s)"))
 
 
 def closing(resp: web.Response) -> web.Response:

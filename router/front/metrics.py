@@ -196,3 +196,14 @@ class _StateCollector:
                         "spaces (an added token as text, a pair BPE may merge)")
             m.add_metric([], pieces.whole)
             yield m
+        bare = router.bare_counts
+        if bare is not None:
+            m = counter("http_bare_answered", "Requests the router answered on its bare HTTP protocols "
+                        "(--http-server bare)")
+            m.add_metric([], bare.answered)
+            yield m
+            m = counter("http_handed_off", "Connections handed from the bare HTTP protocols to aiohttp's server, by "
+                        "why: route, body, key, bad_head, pipelined, stream", ["reason"])
+            for why, n in sorted(bare.handed_off.items()):
+                m.add_metric([why], n)
+            yield m

@@ -3,8 +3,10 @@ every inference route at once, and records what it received. Each instance has i
 
 from __future__ import annotations
 
+import asyncio
 import json
 import shutil
+import threading
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -47,6 +49,10 @@ class StandIn:
     instance_id: str = field(default_factory=lambda: f"stand-in-{uuid.uuid4().hex[:8]}")
     fail_status: int | None = None
     """Answer every inference request with this status (a worker that fails requests but stays up)."""
+    delay_s: float = 0.0
+    """Wait this long before answering an inference request (one a client may leave meanwhile)."""
+    aborted: list[str] = field(default_factory=list)
+    """The ``rid`` of each ``/abort_request`` received."""
 
     def app(self) -> web.Application:
         config = json.loads((DEFAULT_MODEL_DIR / "config.json").read_text())
@@ -63,6 +69,8 @@ class StandIn:
             self.authorization.append(request.headers.get("Authorization"))
             if self.fail_status is not None:
                 return web.json_response({"error": "stand-in told to fail"}, status=self.fail_status)
+            if self.delay_s:
+                await asyncio.sleep(self.delay_s)
             if body.get("stream"):
                 out = web.StreamResponse(headers={"content-type": "text/event-stream"})
                 await out.prepare(request)
@@ -90,12 +98,46 @@ class StandIn:
         async def health(request: web.Request) -> web.Response:
             return web.Response(text="ok")
 
+        async def abort(request: web.Request) -> web.Response:
+            self.aborted.append(orjson.loads(await request.read())["rid"])
+            return web.Response(text="ok")
+
         app = web.Application()
         app.router.add_get(wire.INFO_PATH, get_info)
         app.router.add_get(wire.TOKENIZER_PATH, tokenizer_file)
         app.router.add_get(wire.TOKENIZER_CONFIG_PATH, tokenizer_file)
         app.router.add_get("/sgl_moe/tokenizer/{name:.+}", tokenizer_file)
         app.router.add_get("/health", health)
+        app.router.add_post("/abort_request", abort)
         for path in ("/generate", "/v1/completions", "/v1/chat/completions", "/v1/score", "/v1/decisions"):
             app.router.add_post(path, serve)
         return app
+
+
+class ThreadServers:
+    """aiohttp apps served from one background event loop (the router under test is a subprocess)."""
+
+    def __init__(self, apps: list[web.Application]) -> None:
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self.thread.start()
+        self.runners: list[web.AppRunner] = []
+        self.urls = asyncio.run_coroutine_threadsafe(self._start(apps), self.loop).result(60)
+
+    async def _start(self, apps: list[web.Application]) -> list[str]:
+        urls = []
+        for app in apps:
+            runner = web.AppRunner(app)
+            await runner.setup()
+            site = web.TCPSite(runner, "127.0.0.1", 0)
+            await site.start()
+            self.runners.append(runner)
+            urls.append(f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}")
+        return urls
+
+    def stop(self) -> None:
+        async def stop() -> None:
+            for runner in self.runners:
+                await runner.cleanup()
+        asyncio.run_coroutine_threadsafe(stop(), self.loop).result(30)
+        self.loop.call_soon_threadsafe(self.loop.stop)

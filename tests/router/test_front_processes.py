@@ -11,47 +11,16 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-import threading
 import time
 from pathlib import Path
 
 import httpx
 import psutil
 import pytest
-from aiohttp import web
-from doubles.stand_in import StandIn, tokenizer_dir
+from doubles.stand_in import StandIn, ThreadServers, tokenizer_dir
 
 from sgl_moe.harness.router_process import RouterProcess
 from sgl_moe.policy_bench.standin import StandInFleet
-
-
-class ThreadServers:
-    """aiohttp apps served from one background event loop (the router under test is a subprocess)."""
-
-    def __init__(self, apps: list[web.Application]) -> None:
-        self.loop = asyncio.new_event_loop()
-        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
-        self.thread.start()
-        self.runners: list[web.AppRunner] = []
-        self.urls = asyncio.run_coroutine_threadsafe(self._start(apps), self.loop).result(60)
-
-    async def _start(self, apps: list[web.Application]) -> list[str]:
-        urls = []
-        for app in apps:
-            runner = web.AppRunner(app)
-            await runner.setup()
-            site = web.TCPSite(runner, "127.0.0.1", 0)
-            await site.start()
-            self.runners.append(runner)
-            urls.append(f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}")
-        return urls
-
-    def stop(self) -> None:
-        async def stop() -> None:
-            for runner in self.runners:
-                await runner.cleanup()
-        asyncio.run_coroutine_threadsafe(stop(), self.loop).result(30)
-        self.loop.call_soon_threadsafe(self.loop.stop)
 
 
 def _router(tmp_path: Path, name: str, urls: list[str], *args: str) -> RouterProcess:
