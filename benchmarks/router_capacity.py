@@ -57,10 +57,12 @@ import shlex
 import signal
 import sys
 import time
+from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 
 from sgl_moe import DEFAULT_MODEL_DIR
+from sgl_moe.harness import callgrind
 from sgl_moe.policy_bench.driver import Record, run_stream
 from sgl_moe.policy_bench.routers import RouterUnderTest
 from sgl_moe.policy_bench.stream import StreamUnit
@@ -74,6 +76,8 @@ ROUTERS = {"sgl_moe": ("sgl_moe", "longest_block_match"), "cache_aware": ("sglan
 request on aiohttp's server instead of the bare protocols. ``sgl_moe_baseline``: sgl_moe's router from the checkout
 ``--baseline`` names (e.g. a ``git worktree`` of an older commit), to compare two versions in one run."""
 DEFAULT_ROUTERS = ["sgl_moe", "cache_aware", "round_robin"]
+INSTRUMENTED_START_S = 900.0
+"""How long a router under callgrind (``--instructions``) may take to start: tens of times its usual seconds."""
 SHAPES = ("shared", "unique")
 SHARED_PREFIXES = 40
 SHARED_FRACTION = 0.9
@@ -334,13 +338,16 @@ def _errors(records: list[Record]) -> tuple[int, str | None]:
     return len(bad), (f"{bad[0].status}: {bad[0].error}"[:300] if bad else None)
 
 
-async def measure(url: str, stream: Stream, concurrency: int, cpu, stand_ins: StandIns, owner_cpu=None) -> dict:
+async def measure(url: str, stream: Stream, concurrency: int, cpu, stand_ins: StandIns, owner_cpu=None,
+                  counter: callgrind.Counter | None = None) -> dict:
     """Warm-up, then the measured window with ``cpu()`` (the router's CPU seconds) read on both sides;
-    ``owner_cpu()``: the placement owner's alone (sgl_moe with front processes)."""
+    ``owner_cpu()``: the placement owner's alone (sgl_moe with front processes); ``counter``: the router's
+    instructions over the window (it runs under callgrind)."""
     warm, _ = await run_stream(url, stream.warmup, concurrency, progress=False) if stream.warmup else ([], 0.0)
     c0, s0, o0 = cpu(), stand_ins.cpu_seconds(), own_cpu_seconds()
     w0 = owner_cpu() if owner_cpu is not None else None
-    records, wall = await run_stream(url, stream.measured, concurrency, progress=False)
+    with counter.window(stream.name) if counter is not None else nullcontext([]) as counted:
+        records, wall = await run_stream(url, stream.measured, concurrency, progress=False)
     c1, s1, o1 = cpu(), stand_ins.cpu_seconds(), own_cpu_seconds()
     w1 = owner_cpu() if owner_cpu is not None else None
     n = len(records)
@@ -356,25 +363,30 @@ async def measure(url: str, stream: Stream, concurrency: int, cpu, stand_ins: St
         out["cpu_ms_per_request"] = (c1 - c0) / n * 1e3
     if w0 is not None and w1 is not None and n:
         out["owner_cpu_s"] = w1 - w0
+    if counted and n:
+        out["instructions"] = counted[0]
+        out["instructions_per_request"] = counted[0] / n
     return out
 
 
 async def run_router(spec: RouterSpec, stand_ins: StandIns, stream: Stream, concurrency: int, log_dir: Path,
-                     rep: int) -> dict:
+                     rep: int, instructions: bool = False) -> dict:
     log = log_dir / f"{spec.label.replace(' ', '_')}-{stream.name}-{rep}.log"
+    counted = log.with_suffix(".callgrind") if instructions else None
     router = RouterUnderTest(spec.policy, stand_ins.urls, log, extra_args=spec.extra_args(), engine=spec.engine,
-                             source=spec.source)
+                             source=spec.source, wrap=callgrind.command(counted) if counted else None)
     try:
         try:
-            await asyncio.to_thread(router.start, 120)
+            await asyncio.to_thread(router.start, INSTRUMENTED_START_S if instructions else 120)
         except Exception as exc:  # noqa: BLE001 - RouterStartError / RuntimeError: the log says why
             reason = _last_log_line(log) or str(exc).splitlines()[0]
             if spec.front_processes > 1:
                 return {"available": False, "reason": reason}
             raise BenchError(f"{spec.label} did not start: {reason} (log: {log})") from None
         owner = router.top_cpu_seconds if spec.front_processes > 1 else None
+        counter = callgrind.Counter(router.pid, counted) if counted else None
         return {"available": True, **await measure(router.url, stream, concurrency, router.cpu_seconds, stand_ins,
-                                                   owner)}
+                                                   owner, counter)}
     finally:
         router.stop()
 
@@ -402,6 +414,8 @@ def pool(runs: list[dict]) -> dict:
     if all("cpu_s" in r for r in ok) and n:
         out["cpu_s"] = sum(r["cpu_s"] for r in ok)
         out["cpu_ms_per_request"] = out["cpu_s"] / n * 1e3
+    if all("instructions" in r for r in ok) and n:
+        out["instructions_per_request"] = sum(r["instructions"] for r in ok) / n
     if all("owner_cpu_s" in r for r in ok) and n:  # the one serial part: its CPU per request bounds req/s
         out["owner_cpu_ms_per_request"] = sum(r["owner_cpu_s"] for r in ok) / n * 1e3
         out["owner_bound_req_per_s"] = (1e3 / out["owner_cpu_ms_per_request"] if out["owner_cpu_ms_per_request"]
@@ -433,7 +447,8 @@ async def run_all(args, specs: list[RouterSpec], streams: list[Stream], stand_in
                                                             lambda: None, stand_ins)}
                 else:
                     name = entry.label
-                    r = await run_router(entry, stand_ins, stream, args.concurrency, args.log_dir, rep)
+                    r = await run_router(entry, stand_ins, stream, args.concurrency, args.log_dir, rep,
+                                         args.instructions)
                 raw.setdefault((name, stream.name), []).append(r)
                 print(f"[{k}/{total}] repeat {rep + 1}/{args.repeats}  {stream.name:<12} {name:<48} "
                       + (_progress(r) if r["available"] else f"not available: {r['reason']}"),
@@ -451,7 +466,8 @@ async def run_all(args, specs: list[RouterSpec], streams: list[Stream], stand_in
     order = {s.name: i for i, s in enumerate(streams)}
     labels = [DIRECT, *(s.label for s in specs)]
     rows.sort(key=lambda r: (order[r["stream"]], labels.index(r["router"])))
-    return {"rows": rows, "ratios": ratios(rows, specs, streams)}
+    return {"rows": rows, "ratios": ratios(rows, specs, streams),
+            "instruction_ratios": ratios(rows, specs, streams, "instructions_per_request")}
 
 
 def _progress(r: dict) -> str:
@@ -461,9 +477,11 @@ def _progress(r: dict) -> str:
             f"{r['errors'] + r['warmup_errors']} errors")
 
 
-def ratios(rows: list[dict], specs: list[RouterSpec], streams: list[Stream]) -> dict:
-    """Per sgl_moe router row label: {stream: its CPU per request / sglang-router cache_aware's}."""
-    cpu = {(r["router"], r["stream"]): r.get("cpu_ms_per_request") for r in rows if r["available"]}
+def ratios(rows: list[dict], specs: list[RouterSpec], streams: list[Stream], key: str = "cpu_ms_per_request"
+           ) -> dict:
+    """Per sgl_moe router row label: {stream: its ``key`` (CPU, or instructions, per request) / sglang-router
+    cache_aware's}."""
+    cpu = {(r["router"], r["stream"]): r.get(key) for r in rows if r["available"]}
     ca = RouterSpec("cache_aware", *ROUTERS["cache_aware"]).label
     out = {}
     for spec in specs:
@@ -501,6 +519,15 @@ def table(result: dict) -> str:
         lines.append("")
         lines.append(f"CPU per request, {label} / sglang-router cache_aware: "
                      + ", ".join(f"{s} {v:.2f}x" for s, v in per_stream.items()))
+    counted = [r for r in result["rows"] if r.get("instructions_per_request")]
+    if counted:
+        lines += ["", "Instructions per request (the router under callgrind, over the measured window):", "",
+                  "| stream | router | instructions/req |", "|---|---|---:|"]
+        lines += [f"| {r['stream']} | {r['router']} | {r['instructions_per_request']:,.0f} |" for r in counted]
+    for label, per_stream in result.get("instructions_ratio_vs_cache_aware", {}).items():
+        lines.append("")
+        lines.append(f"Instructions per request, {label} / sglang-router cache_aware: "
+                     + ", ".join(f"{s} {v:.2f}x" for s, v in per_stream.items()))
     return "\n".join(lines)
 
 
@@ -523,6 +550,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--baseline", type=Path, metavar="DIR",
                         help="a checkout of sgl_moe (e.g. `git worktree add DIR <commit>`) whose router runs as "
                              "sgl_moe_baseline (added to --routers) beside this one's, in the same run")
+    parser.add_argument("--instructions", action="store_true",
+                        help="run every router under valgrind's callgrind and count its instructions per request over "
+                             "the measured window (deterministic where CPU time on this VM is not; slow: use a few "
+                             "hundred requests)")
     parser.add_argument("--log-dir", type=Path, default=Path(".work/logs/router_capacity"))
     parser.add_argument("--out", type=Path, help="write every figure as JSON")
     args = parser.parse_args(argv)
@@ -531,6 +562,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
             parser.error(f"--{name.replace('_', '-')} must be positive, got {getattr(args, name)}")
     if args.warmup < 0:
         parser.error(f"--warmup must be 0 or more, got {args.warmup}")
+    if args.instructions and not callgrind.available():
+        parser.error("--instructions needs valgrind and callgrind_control (apt-get install valgrind)")
     for n in args.prompt_tokens:
         if not 20 <= n < CONTEXT_LENGTH:
             parser.error(f"--prompt-tokens must be between 20 and {CONTEXT_LENGTH - 1} (the stand-ins' context), "
@@ -614,7 +647,8 @@ def _main(args: argparse.Namespace, argv: list[str] | None) -> int:
                       "latency": "client latency p50/p99 per router; direct = the same stream straight to a stand-in;"
                                  " added = router percentile - direct percentile"},
            "streams": {s.name: s.summary() for s in streams},
-           "rows": result["rows"], "cpu_ratio_vs_cache_aware": result["ratios"]}
+           "rows": result["rows"], "cpu_ratio_vs_cache_aware": result["ratios"],
+           "instructions_ratio_vs_cache_aware": result["instruction_ratios"]}
     print(table(out))
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -32,6 +32,8 @@ class RouterProcess:
     source: Path | None = None
     """Run the router of this checkout instead of the installed one (``python -m`` from there imports its
     ``sgl_moe``): a benchmark comparing two versions side by side."""
+    wrap: list[str] = field(default_factory=list)
+    """A command the router runs under (``callgrind.command``: counting its instructions)."""
 
     @property
     def url(self) -> str:
@@ -42,7 +44,7 @@ class RouterProcess:
             self.port = free_port(self.host)
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         log = open(self.log_path, "wb")
-        cmd = [sys.executable, "-m", "sgl_moe.router", "--host", self.host, "--port", str(self.port),
+        cmd = [*self.wrap, sys.executable, "-m", "sgl_moe.router", "--host", self.host, "--port", str(self.port),
                "--worker-urls", *self.worker_urls, *self.args]
         self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
                                      env={**os.environ, "PYTHONUNBUFFERED": "1"}, cwd=self.source)

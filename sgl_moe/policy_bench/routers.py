@@ -30,7 +30,7 @@ class RouterUnderTest:
     ``engine="sglang-router"`` runs a name both have (``round_robin``) with sglang-router."""
 
     def __init__(self, policy: str, worker_urls: list[str], log_path: Path, extra_args: list[str] | None = None,
-                 engine: str | None = None, source: Path | None = None):
+                 engine: str | None = None, source: Path | None = None, wrap: list[str] | None = None):
         if engine is None:
             if policy not in POLICIES:
                 raise ValueError(f"unknown policy {policy!r}; choose from {', '.join(POLICIES)}")
@@ -44,6 +44,8 @@ class RouterUnderTest:
         self.log_path = log_path
         self.extra_args = extra_args or []
         self.source = source
+        self.wrap = wrap or []
+        """A command either router runs under (``callgrind.command``)."""
         """sgl_moe's router from this checkout instead of the installed one (``RouterProcess.source``)."""
         self.port = free_port()
         self._ours: RouterProcess | None = None
@@ -59,7 +61,7 @@ class RouterUnderTest:
         if self.engine == "sgl_moe":
             self._ours = RouterProcess(log_path=self.log_path, worker_urls=self.worker_urls, port=self.port,
                                        args=["--policy", self.policy, "--log-level", "info", *self.extra_args],
-                                       source=self.source)
+                                       source=self.source, wrap=self.wrap)
             self._ours.start()
             self._ours.wait_ready(timeout=timeout)
             self._wait_tables_synced(timeout)
@@ -67,9 +69,9 @@ class RouterUnderTest:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         with open(self.log_path, "wb") as log:
             self._proc = subprocess.Popen(
-                [sys.executable, "-m", "sglang_router.launch_router", "--host", "127.0.0.1", "--port", str(self.port),
-                 "--worker-urls", *self.worker_urls, "--policy", self.policy, "--log-level", "warn",
-                 "--request-timeout-secs", "600", *self.extra_args],
+                [*self.wrap, sys.executable, "-m", "sglang_router.launch_router", "--host", "127.0.0.1",
+                 "--port", str(self.port), "--worker-urls", *self.worker_urls, "--policy", self.policy,
+                 "--log-level", "warn", "--request-timeout-secs", "600", *self.extra_args],
                 stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         self._wait_sglang_router(timeout)
 
@@ -109,6 +111,12 @@ class RouterUnderTest:
                 except (httpx.HTTPError, ValueError, KeyError, TypeError):
                     pass
                 time.sleep(0.2)
+
+    @property
+    def pid(self) -> int | None:
+        """The router's first process (the placement owner with ``--front-processes`` > 1), once started."""
+        proc = self._ours.proc if self._ours is not None else self._proc
+        return proc.pid if proc is not None else None
 
     def top_cpu_seconds(self) -> float | None:
         """CPU time of the router's first process alone (with ``--front-processes`` > 1: the placement owner)."""

@@ -53,6 +53,8 @@ class StandIn:
     """Wait this long before answering an inference request (one a client may leave meanwhile)."""
     aborted: list[str] = field(default_factory=list)
     """The ``rid`` of each ``/abort_request`` received."""
+    abort_hangs: bool = False
+    """``/abort_request`` never answers (a worker too busy to take an abort) instead of answering at once."""
 
     def app(self) -> web.Application:
         config = json.loads((DEFAULT_MODEL_DIR / "config.json").read_text())
@@ -100,7 +102,9 @@ class StandIn:
 
         async def abort(request: web.Request) -> web.Response:
             self.aborted.append(orjson.loads(await request.read())["rid"])
-            return web.Response(text="ok")
+            if self.abort_hangs:
+                await asyncio.sleep(3600)
+            return web.Response(text="")
 
         app = web.Application()
         app.router.add_get(wire.INFO_PATH, get_info)

@@ -45,9 +45,6 @@ class FaultyWorker:
     stand_in: StandIn
     runs: list[Run]
     delay_s: float = 0.3
-    abort_mode: str = "accept"
-    """``/abort_request``: "accept" (200 at once) or "hang" (never answers)."""
-    aborted: list[str] = field(default_factory=list)
     server: TestServer | None = None
     dead: bool = False
     _open: set[Any] = field(default_factory=set)
@@ -77,14 +74,7 @@ class FaultyWorker:
                 run.end = time.monotonic()
                 self._open.discard(request.transport)
 
-        async def abort(request: web.Request) -> web.Response:
-            self.aborted.append(orjson.loads(await request.read())["rid"])
-            if self.abort_mode == "hang":
-                await asyncio.sleep(3600)
-            return web.Response(text="")
-
-        app.middlewares.append(faults)
-        app.router.add_post("/abort_request", abort)
+        app.middlewares.append(faults)  # the stand-in's /abort_request records aborts (and hangs, when told)
         return app
 
     def kill(self) -> None:
@@ -211,7 +201,7 @@ def test_a_client_that_leaves_has_its_load_held_until_the_abort_is_answered_or_t
     async def scenario() -> tuple[list[int], list[str], float]:
         async with Cluster(tok, 1, abort_timeout_s=0.5) as c:
             worker = c.workers[0]
-            worker.abort_mode = mode
+            worker.stand_in.abort_hangs = mode == "hang"
             w = next(iter(c.router.pool.workers.values()))
             body = {"input_ids": [1, 2, HANG], "sampling_params": {"max_new_tokens": 1}}
             with pytest.raises(TimeoutError):
@@ -221,7 +211,7 @@ def test_a_client_that_leaves_has_its_load_held_until_the_abort_is_answered_or_t
             for _ in range(10):
                 seen.append(w.inflight_requests)
                 await asyncio.sleep(0.1)
-            return seen, worker.aborted, c.counter("abort_failures")
+            return seen, worker.stand_in.aborted, c.counter("abort_failures")
 
     with caplog.at_level("WARNING", logger="sgl_moe.router"):
         seen, aborted, failures = asyncio.run(scenario())
