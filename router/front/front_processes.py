@@ -58,7 +58,8 @@ def front_main(cfg: RouterConfig, front: int, sockets: FrontSockets) -> None:
     import uvloop
     from aiohttp import web
 
-    from sgl_moe.router.front.front_router import build_front_app
+    from sgl_moe.router.front.front_router import build_front_app, front_hot_routes
+    from sgl_moe.router.front.http_server import serve
     from sgl_moe.router.front.service import tune_gc
     from sgl_moe.router.request.router_tokenizer import keep_torch_out
 
@@ -67,9 +68,14 @@ def front_main(cfg: RouterConfig, front: int, sockets: FrontSockets) -> None:
                          format=f"%(asctime)s %(levelname)s %(name)s [front {front}]: %(message)s")
     tune_gc()
     try:
-        web.run_app(build_front_app(cfg, front, sockets.placement, sockets.http), host=cfg.host, port=cfg.port,
-                    reuse_port=True, print=None, access_log=None, handle_signals=True,
-                    keepalive_timeout=cfg.header_timeout_s, handler_cancellation=True, loop=uvloop.new_event_loop())
+        app = build_front_app(cfg, front, sockets.placement, sockets.http)
+        if cfg.http_server == "bare":
+            serve(app, front_hot_routes(app), host=cfg.host, port=cfg.port, loop=uvloop.new_event_loop(),
+                  reuse_port=True)
+        else:
+            web.run_app(app, host=cfg.host, port=cfg.port, reuse_port=True, print=None, access_log=None,
+                        handle_signals=True, keepalive_timeout=cfg.header_timeout_s, handler_cancellation=True,
+                        loop=uvloop.new_event_loop())
     except OSError as exc:
         print(f"sgl_moe.router: error: front {front} cannot listen on {cfg.host}:{cfg.port}: {exc.strerror or exc}",
               file=sys.stderr)

@@ -27,6 +27,7 @@ from sgl_moe.router.front.arrival_order import ArrivalOrder
 from sgl_moe.router.front.attempt import PROXIED, Attempt, worker_auth_headers
 from sgl_moe.router.front.auth import auth_middleware
 from sgl_moe.router.front.forwarding import Forwarder
+from sgl_moe.router.front.http_server import BareRequest, Handoff, HotRoutes, router_routes
 from sgl_moe.router.front.intake import parse, read_body
 from sgl_moe.router.front.placement_client import OwnerGone, PlacementClient
 from sgl_moe.router.front.worker_client import WorkerClient
@@ -215,6 +216,8 @@ class FrontRouter:
                                      inline_bytes=self.cfg.parse_inline_bytes)
             except RequestError as exc:
                 return request_error_response(exc)
+            if parsed.stream and type(request) is BareRequest:  # a streamed answer is aiohttp's to write
+                raise Handoff
             await self.order.wait_turn(ticket)
             attempt = Attempt.of(endpoint, parsed.body, request.headers,
                                  pass_authorization=self.cfg.api_key is None and self.cfg.admin_api_key is None)
@@ -278,8 +281,10 @@ class FrontRouter:
         try:
             async with self.owner.request(request.method, "http://owner" + request.path_qs, data=body,
                                           headers=headers) as resp:
-                out = web.StreamResponse(status=resp.status, headers={
-                    k: v for k, v in resp.headers.items() if k.lower() not in HOP_HEADERS})
+                back = {k: v for k, v in resp.headers.items() if k.lower() not in HOP_HEADERS}
+                if type(request) is BareRequest:  # answered whole (the bare side serves no streamed answers)
+                    return web.Response(status=resp.status, headers=back, body=await resp.read())
+                out = web.StreamResponse(status=resp.status, headers=back)
                 await out.prepare(request)
                 async for chunk in resp.content.iter_any():
                     await out.write(chunk)
@@ -296,6 +301,12 @@ def raise_sigterm() -> None:
 
 
 ROUTER = web.AppKey("front_router", FrontRouter)
+
+
+def front_hot_routes(app: web.Application) -> HotRoutes:
+    """The proxied routes, for ``http_server.serve`` to answer on bare protocols (``--http-server bare``)."""
+    router = app[ROUTER]
+    return router_routes(router.cfg, router.handle)
 
 
 def build_front_app(cfg: RouterConfig, front: int, placement_socket: str, owner_socket: str) -> web.Application:

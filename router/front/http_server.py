@@ -30,7 +30,11 @@ from http import HTTPStatus
 import httptools
 from aiohttp import web
 
+from sgl_moe.router.config import RouterConfig
 from sgl_moe.router.errors import error_response
+from sgl_moe.router.front.attempt import PROXIED
+from sgl_moe.router.front.auth import allowed, bearer
+from sgl_moe.router.front.intake import too_slow
 
 log = logging.getLogger("sgl_moe.router")
 
@@ -51,6 +55,10 @@ class BareRequest:
         self.headers = headers
         """Header names in lower case; a repeated header keeps its first value (as ``CIMultiDict.get``)."""
         self.body = body
+
+    @property
+    def path_qs(self) -> str:
+        return self.path  # a request with a query is aiohttp's
 
     @property
     def content_length(self) -> int:
@@ -101,6 +109,18 @@ class HotRoutes:
 MAX_HEAD_BYTES = 64 * 1024
 """A request head still incomplete past this many bytes goes to aiohttp, whose limits answer it (8,190 bytes a
 line or a header)."""
+
+BARE_MAX_BODY = 1 << 20
+"""Largest body the bare side reads; a larger one goes to aiohttp's server."""
+
+
+def router_routes(cfg: RouterConfig, handle: Callable[[BareRequest], Awaitable[web.StreamResponse]]) -> HotRoutes:
+    """The proxied routes under ``cfg``'s key and limits, answered by ``handle`` (``--http-server bare``)."""
+    return HotRoutes(paths=frozenset(PROXIED), handle=handle,
+                     allowed=lambda header: allowed("client", bearer(header), cfg),
+                     max_body=min(cfg.max_body_bytes, BARE_MAX_BODY), header_timeout_s=cfg.header_timeout_s,
+                     body_timeout_s=cfg.body_timeout_s, body_timeout_answer=lambda: too_slow(cfg))
+
 
 _STATUS_LINES = {s.value: f"HTTP/1.1 {s.value} {s.phrase}\r\n".encode() for s in HTTPStatus}
 _SKIPPED = frozenset({"content-length", "transfer-encoding", "connection", "date"})
@@ -314,8 +334,8 @@ class BareConnection(asyncio.Protocol):
 class BareSite(web.TCPSite):
     """aiohttp's TCP site, its connections starting on ``BareConnection``."""
 
-    def __init__(self, runner: web.AppRunner, hot: HotRoutes, host: str, port: int) -> None:
-        super().__init__(runner, host, port)
+    def __init__(self, runner: web.AppRunner, hot: HotRoutes, host: str, port: int, reuse_port: bool) -> None:
+        super().__init__(runner, host, port, reuse_port=reuse_port)
         self.hot = hot
         self.connections: set[BareConnection] = set()
 
@@ -325,7 +345,7 @@ class BareSite(web.TCPSite):
         hot, connections = self.hot, self.connections
         self._server = await asyncio.get_running_loop().create_server(
             lambda: BareConnection(hot, aiohttp_protocol, connections), self._host, self._port,
-            backlog=self._backlog)
+            backlog=self._backlog, reuse_port=self._reuse_port)
 
     async def stop(self) -> None:
         await super().stop()
@@ -333,23 +353,24 @@ class BareSite(web.TCPSite):
             conn.close()
 
 
-async def _serve(app: web.Application, hot: HotRoutes, host: str, port: int) -> None:
+async def _serve(app: web.Application, hot: HotRoutes, host: str, port: int, reuse_port: bool) -> None:
     runner = web.AppRunner(app, handle_signals=True, access_log=None, keepalive_timeout=hot.header_timeout_s,
                            handler_cancellation=True)
     await runner.setup()
     try:
-        await BareSite(runner, hot, host, port).start()
+        await BareSite(runner, hot, host, port, reuse_port).start()
         while True:
             await asyncio.sleep(3600)
     finally:
         await runner.cleanup()
 
 
-def serve(app: web.Application, hot: HotRoutes, *, host: str, port: int, loop: asyncio.AbstractEventLoop) -> None:
+def serve(app: web.Application, hot: HotRoutes, *, host: str, port: int, loop: asyncio.AbstractEventLoop,
+          reuse_port: bool = False) -> None:
     """Run ``app`` on ``host:port`` until SIGINT or SIGTERM, ``hot``'s requests on bare protocols (what
     ``web.run_app`` does, with this server's site). Raises what binding the port raises."""
     asyncio.set_event_loop(loop)
-    main = loop.create_task(_serve(app, hot, host, port))
+    main = loop.create_task(_serve(app, hot, host, port, reuse_port))
     try:
         loop.run_until_complete(main)
     except (web.GracefulExit, KeyboardInterrupt):

@@ -25,13 +25,13 @@ from sgl_moe.router.config import SECRET_FIELDS, RouterConfig
 from sgl_moe.router.errors import RequestError, WorkerFailure, error_response, json_errors, request_error_response
 from sgl_moe.router.front.arrival_order import ArrivalOrder
 from sgl_moe.router.front.attempt import PROXIED, Attempt, worker_auth_headers
-from sgl_moe.router.front.auth import allowed, auth_middleware, bearer
+from sgl_moe.router.front.auth import auth_middleware
 from sgl_moe.router.front.classify_route import classify
 from sgl_moe.router.front.forwarding import Forwarder
 from sgl_moe.router.front.front_processes import FrontProcesses, FrontSockets, FrontStartError
 from sgl_moe.router.front.front_router import FAILED_WORKER_HEADER, FAILURE_HEADER
-from sgl_moe.router.front.http_server import BareCounts, BareRequest, Handoff, HotRoutes
-from sgl_moe.router.front.intake import parse, read_body, too_slow
+from sgl_moe.router.front.http_server import BareCounts, BareRequest, Handoff, HotRoutes, router_routes
+from sgl_moe.router.front.intake import parse, read_body
 from sgl_moe.router.front.metrics import RouterMetrics
 from sgl_moe.router.front.worker_client import WorkerClient
 from sgl_moe.router.membership.worker import NotAWorker, Worker, WorkerError
@@ -591,19 +591,12 @@ def build_app(cfg: RouterConfig, sockets: FrontSockets | None = None) -> web.App
     return app
 
 
-BARE_MAX_BODY = 1 << 20
-"""Largest body the bare HTTP side reads (``http_server``); a larger one goes to aiohttp's server."""
-
-
 def hot_routes(app: web.Application) -> HotRoutes:
     """The proxied routes, for ``http_server.serve`` to answer on bare protocols (``--http-server bare``)."""
     router = app[ROUTER]
-    cfg = router.cfg
-    router.bare_counts = counts = BareCounts()
-    return HotRoutes(counts=counts, paths=frozenset(PROXIED), handle=router.handle,
-                     allowed=lambda header: allowed("client", bearer(header), cfg),
-                     max_body=min(cfg.max_body_bytes, BARE_MAX_BODY), header_timeout_s=cfg.header_timeout_s,
-                     body_timeout_s=cfg.body_timeout_s, body_timeout_answer=lambda: too_slow(cfg))
+    hot = router_routes(router.cfg, router.handle)
+    router.bare_counts = hot.counts
+    return hot
 
 
 def describe_config(cfg: RouterConfig) -> dict[str, Any]:

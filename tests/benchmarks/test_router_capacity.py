@@ -6,9 +6,12 @@ kernel's 10 ms ticks on a loaded host: 0.0), one repeat, in front of instant sta
 The figures are checked for presence and sanity, never for speed."""
 
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 SMALLEST = ["--prompt-tokens", "200", "--shapes", "shared", "unique", "--requests", "200", "--warmup", "10",
@@ -71,6 +74,24 @@ def test_front_processes_rows_report_the_placement_owner_cpu_and_its_bound(tmp_p
     assert f"{two['owner_cpu_ms_per_request']:.3f} ({two['owner_bound_req_per_s']:.0f})" in proc.stdout
     base = rows[f"sgl_moe longest_block_match (baseline {REPO.name})"]
     assert base["available"] and base["errors"] == 0 and base["cpu_ms_per_request"] > 0, base
+
+
+@pytest.mark.skipif(shutil.which("valgrind") is None, reason="--instructions needs valgrind (apt-get install valgrind)")
+def test_instructions_are_counted_for_each_router_over_its_measured_window(tmp_path):
+    """``--instructions``: sgl_moe's router and sglang-router's each run under callgrind; each row counts the
+    instructions of its measured window alone (neither start-up nor warm-up: well under a start's hundreds of
+    millions), and the table says so."""
+    out = tmp_path / "counted.json"
+    proc = _run("--prompt-tokens", "50", "--shapes", "shared", "--requests", "40", "--warmup", "5",
+                "--concurrency", "4", "--repeats", "1", "--routers", "sgl_moe", "round_robin", "--instructions",
+                "--log-dir", str(tmp_path / "logs"), "--out", str(out), timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = {r["router"]: r for r in json.loads(out.read_text())["rows"]}
+    for router in ROUTERS:
+        r = rows[router]
+        assert r["errors"] == 0 and 10_000 < r["instructions_per_request"] < 20_000_000, (router, r)
+    assert "instructions_per_request" not in rows["direct to stand-in"]
+    assert "| shared-50 | sgl_moe longest_block_match | " in proc.stdout and "instructions/req" in proc.stdout
 
 
 def test_bad_sizes_are_one_line_errors():
