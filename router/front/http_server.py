@@ -173,6 +173,8 @@ class BareConnection(asyncio.Protocol):
         """The bytes since the current request began: what aiohttp is fed if the connection is handed over."""
         self.timer: asyncio.TimerHandle | None = None
         self.task: asyncio.Task | None = None
+        self.paused = False
+        """Reading is paused: a pipelined client sent more than a request's worth while one was answered."""
         self._reset()
 
     def _reset(self) -> None:
@@ -202,6 +204,9 @@ class BareConnection(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         self.buf += data
         if self.task is not None:  # the next request arrived before this answer: aiohttp serves what follows
+            if len(self.buf) > self.hot.max_body + MAX_HEAD_BYTES and not self.paused:
+                self.paused = True  # bounded as aiohttp bounds what it buffers; resumed when handed over
+                self.transport.pause_reading()
             return
         try:
             self.parser.feed_data(data)
@@ -302,6 +307,8 @@ class BareConnection(asyncio.Protocol):
         protocol.connection_made(transport)
         if data:
             protocol.data_received(data)
+        if self.paused:
+            transport.resume_reading()
 
     # -- timers --------------------------------------------------------------------------------------
     def _arm(self, delay: float, callback: Callable[[], None]) -> None:

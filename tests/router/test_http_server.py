@@ -185,6 +185,33 @@ def test_a_client_that_leaves_has_its_request_aborted_on_the_worker(tmp_path):
         servers.stop()
 
 
+def test_a_client_sending_much_while_its_request_runs_is_paused_then_served_by_aiohttp(tmp_path):
+    """3 MiB pipelined behind a request still running: the bare side stops reading past a request's worth, and the
+    connection, handed to aiohttp once the first answer is out, reads and answers the rest."""
+    tok = tokenizer_dir(tmp_path / "tok", template=False)
+    slow = StandIn(tok, delay_s=2.0)
+    servers = ThreadServers([slow.app()])
+    router = _router(tmp_path, "paused", servers.urls)
+    try:
+        first = json.dumps({"text": "a question", **ONE}).encode()
+        big = json.dumps({"input_ids": [7] * 1_000_000, **ONE}).encode()  # ~3 MiB, more than the bare side reads
+        with socket.create_connection(("127.0.0.1", router.port), timeout=30) as s:
+            s.sendall(_post("/generate", first))
+            deadline = time.monotonic() + 10
+            while not slow.received and time.monotonic() < deadline:  # the first is running on the worker
+                time.sleep(0.05)
+            s.sendall(_post("/generate", big, b"Connection: close\r\n"))
+            raw = b""
+            while chunk := s.recv(65536):
+                raw += chunk
+        assert raw.startswith(b"HTTP/1.1 200") and raw.count(b"HTTP/1.1 ") == 2, raw[:500]
+        counts = _counts(router)
+        assert counts["answered"] == 1 and counts["pipelined"] == 1, counts
+    finally:
+        router.stop()
+        servers.stop()
+
+
 def test_the_client_key_is_checked_on_the_bare_side_too(tmp_path, stand_ins):
     ins, servers = stand_ins
     router = _router(tmp_path, "key", servers.urls, "--api-key", "k1", "--admin-api-key", "a1")
