@@ -23,8 +23,8 @@ tail of a line or two after a newline (classification traffic), and ``unique``, 
 from its first token. The text is words, punctuation, numbered rules, examples and code lines.
 
 Load: closed loop, ``--concurrency`` requests in flight; per (router, stream) ``--warmup`` requests first
-(excluded), then ``--requests`` measured. The order of the routers (and of the direct baseline) rotates
-between repeats, since the first run on a fresh machine is slower.
+(excluded), then ``--requests`` measured. The order of the routers (and of the direct baseline) changes
+between repeats (``run_order``: the second runs the first's in reverse), since the router measured first runs slower.
 
 Figures per (router, stream), pooled over the repeats:
 
@@ -430,12 +430,21 @@ def pool(runs: list[dict]) -> dict:
     return out
 
 
+def run_order(entries: list, rep: int) -> list:
+    """The order of repeat ``rep``: odd repeats reverse the even one before them (A B C, then C B A, so each router
+    runs both before and after each other one); each pair of repeats starts one place further on. A rotation alone
+    keeps every router's place relative to the others (A B C, B C A: A always before B)."""
+    k = (rep // 2) % len(entries)
+    order = entries[k:] + entries[:k]
+    return order[::-1] if rep % 2 else order
+
+
 async def run_all(args, specs: list[RouterSpec], streams: list[Stream], stand_ins: StandIns) -> dict:
     entries = [DIRECT, *specs]
     raw: dict[tuple[str, str], list[dict]] = {}
     total, k = args.repeats * len(streams) * len(entries), 0
     for rep in range(args.repeats):
-        order = entries[rep % len(entries):] + entries[:rep % len(entries)]
+        order = run_order(entries, rep)
         for stream in streams:
             for entry in order:
                 k += 1
@@ -542,7 +551,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--requests", type=int, default=1500, help="measured requests per (router, stream, repeat)")
     parser.add_argument("--warmup", type=int, default=200, help="requests sent first, not measured")
     parser.add_argument("--concurrency", type=int, default=32, help="requests in flight (closed loop)")
-    parser.add_argument("--repeats", type=int, default=2, help="runs of everything, the router order rotated")
+    parser.add_argument("--repeats", type=int, default=2,
+                        help="runs of everything, the router order reversed every other repeat")
     parser.add_argument("--front-processes", nargs="+", type=int, default=[1],
                         help="sgl_moe's router once per N (``--front-processes N`` passed only when N > 1)")
     parser.add_argument("--stand-ins", type=int, default=4)

@@ -94,6 +94,24 @@ def test_instructions_are_counted_for_each_router_over_its_measured_window(tmp_p
     assert "| shared-50 | sgl_moe longest_block_match | " in proc.stdout and "instructions/req" in proc.stdout
 
 
+def test_every_router_runs_both_before_and_after_each_other_one():
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    try:
+        from router_capacity import run_order
+    finally:
+        sys.path.pop(0)
+    entries = ["direct", "a", "b", "c"]
+    assert run_order(entries, 0) == entries and run_order(entries, 1) == entries[::-1]
+    for repeats in (2, 4, 6):
+        orders = [run_order(entries, r) for r in range(repeats)]
+        assert all(sorted(o) == sorted(entries) for o in orders)
+        for x in entries:
+            for y in entries:
+                if x != y:
+                    assert any(o.index(x) < o.index(y) for o in orders), (x, y, repeats)
+    assert {run_order(entries, r)[0] for r in range(8)} == set(entries)  # each one first in some repeat
+
+
 def test_bad_sizes_are_one_line_errors():
     for bad, message in ((["--requests", "0"], "--requests must be positive"),
                          (["--concurrency", "-1"], "--concurrency must be positive"),
