@@ -175,6 +175,8 @@ class BareConnection(asyncio.Protocol):
         self.task: asyncio.Task | None = None
         self.paused = False
         """Reading is paused: a pipelined client sent more than a request's worth while one was answered."""
+        self.stopping = False
+        """The server stops: close after the answer under way."""
         self._reset()
 
     def _reset(self) -> None:
@@ -281,7 +283,7 @@ class BareConnection(asyncio.Protocol):
         if transport is None:
             return
         self.hot.counts.answered += 1
-        close = not keep_alive or resp.keep_alive is False
+        close = not keep_alive or resp.keep_alive is False or self.stopping
         transport.write(encode_response(resp, close))
         if close:
             transport.close()
@@ -334,6 +336,7 @@ class BareConnection(asyncio.Protocol):
 
     def close(self) -> None:
         """The server stops: close at once when idle; a request being answered closes after its answer."""
+        self.stopping = True
         if self.task is None and self.transport is not None:
             self.transport.close()
 

@@ -12,7 +12,8 @@ from __future__ import annotations
 import json
 import socket
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
@@ -163,43 +164,45 @@ def test_a_connection_is_served_until_it_closes_and_keeps_aiohttps_timeouts(tmp_
         router.stop()
 
 
-def test_a_client_that_leaves_has_its_request_aborted_on_the_worker(tmp_path):
-    tok = tokenizer_dir(tmp_path / "tok", template=False)
-    slow = StandIn(tok, delay_s=5.0)
+@contextmanager
+def _behind_a_slow_worker(tmp_path: Path, name: str, delay_s: float) -> Iterator[tuple[StandIn, RouterProcess]]:
+    """A router in front of one stand-in that holds each request ``delay_s`` before answering."""
+    slow = StandIn(tokenizer_dir(tmp_path / "tok", template=False), delay_s=delay_s)
     servers = ThreadServers([slow.app()])
-    router = _router(tmp_path, "leave", servers.urls)
+    router = _router(tmp_path, name, servers.urls)
     try:
-        body = json.dumps({"text": "a long question", **ONE}).encode()
-        with socket.create_connection(("127.0.0.1", router.port)) as s:
-            s.sendall(_post("/generate", body))
-            deadline = time.monotonic() + 10
-            while not slow.received and time.monotonic() < deadline:
-                time.sleep(0.05)
-        deadline = time.monotonic() + 10
-        while not slow.aborted and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert slow.aborted == [slow.received[0][1]["rid"]]
-        assert _counts(router)["answered"] == 0
+        yield slow, router
     finally:
         router.stop()
         servers.stop()
 
 
+def _until(done: Callable[[], object], timeout_s: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not done() and time.monotonic() < deadline:
+        time.sleep(0.05)
+
+
+def test_a_client_that_leaves_has_its_request_aborted_on_the_worker(tmp_path):
+    with _behind_a_slow_worker(tmp_path, "leave", 5.0) as (slow, router):
+        body = json.dumps({"text": "a long question", **ONE}).encode()
+        with socket.create_connection(("127.0.0.1", router.port)) as s:
+            s.sendall(_post("/generate", body))
+            _until(lambda: slow.received)
+        _until(lambda: slow.aborted)
+        assert slow.aborted == [slow.received[0][1]["rid"]]
+        assert _counts(router)["answered"] == 0
+
+
 def test_a_client_sending_much_while_its_request_runs_is_paused_then_served_by_aiohttp(tmp_path):
     """3 MiB pipelined behind a request still running: the bare side stops reading past a request's worth, and the
     connection, handed to aiohttp once the first answer is out, reads and answers the rest."""
-    tok = tokenizer_dir(tmp_path / "tok", template=False)
-    slow = StandIn(tok, delay_s=2.0)
-    servers = ThreadServers([slow.app()])
-    router = _router(tmp_path, "paused", servers.urls)
-    try:
+    with _behind_a_slow_worker(tmp_path, "paused", 2.0) as (slow, router):
         first = json.dumps({"text": "a question", **ONE}).encode()
         big = json.dumps({"input_ids": [7] * 1_000_000, **ONE}).encode()  # ~3 MiB, more than the bare side reads
         with socket.create_connection(("127.0.0.1", router.port), timeout=30) as s:
             s.sendall(_post("/generate", first))
-            deadline = time.monotonic() + 10
-            while not slow.received and time.monotonic() < deadline:  # the first is running on the worker
-                time.sleep(0.05)
+            _until(lambda: slow.received)  # the first is running on the worker
             s.sendall(_post("/generate", big, b"Connection: close\r\n"))
             raw = b""
             while chunk := s.recv(65536):
@@ -207,9 +210,6 @@ def test_a_client_sending_much_while_its_request_runs_is_paused_then_served_by_a
         assert raw.startswith(b"HTTP/1.1 200") and raw.count(b"HTTP/1.1 ") == 2, raw[:500]
         counts = _counts(router)
         assert counts["answered"] == 1 and counts["pipelined"] == 1, counts
-    finally:
-        router.stop()
-        servers.stop()
 
 
 def test_the_client_key_is_checked_on_the_bare_side_too(tmp_path, stand_ins):
