@@ -34,10 +34,8 @@ from __future__ import annotations
 
 import argparse
 import gc
-import glob
 import json
 import os
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -101,34 +99,42 @@ def measure(texts_file: Path, warmup: int, count: bool = False) -> dict:
     return out
 
 
+def _valgrind_available() -> bool:
+    from sgl_moe.harness import callgrind  # in this checkout's interpreter only (see ``_callgrind``)
+
+    return callgrind.available()
+
+
 def _callgrind(*args: str) -> None:
+    # Not ``sgl_moe.harness.callgrind.control``: this runs in the measured interpreter, whose sgl_moe may be an
+    # older checkout's (``--baseline``) without that module.
     subprocess.run(["callgrind_control", *args, str(os.getpid())], check=True, capture_output=True)
 
 
 def run_one(source: Path, texts_file: Path, warmup: int, count_dir: Path | None = None) -> dict:
     """``measure`` in a fresh interpreter importing ``source``'s sgl_moe; with ``count_dir``, under callgrind, and
     the result is instructions per request per stream (``{"instructions": n}``)."""
+    from sgl_moe.harness import callgrind  # here, in this checkout's interpreter (see ``_callgrind``)
+
     env = {**os.environ, "PYTHONPATH": str(source)}
     cmd = [sys.executable, __file__, "--measure", str(texts_file), "--warmup", str(warmup)]
     if count_dir is not None:
         count_dir.mkdir(parents=True, exist_ok=True)
         env.update(PYTHONHASHSEED="0", TOKENIZERS_PARALLELISM="false")
-        cmd = ["valgrind", "--tool=callgrind", "--instr-atstart=no",
-               f"--callgrind-out-file={count_dir}/callgrind.out", *cmd, "--count"]
+        cmd = [*callgrind.command(count_dir / "callgrind.out"), *cmd, "--count"]
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=source)
     if proc.returncode != 0:
         raise RuntimeError(f"measuring {source} failed:\n{proc.stderr[-3000:]}")
     result = json.loads(proc.stdout.splitlines()[-1])
     if count_dir is None:
         return result
-    parts = sorted(glob.glob(f"{count_dir}/callgrind.out.*"), key=lambda f: int(f.rsplit(".", 1)[1]))
+    parts = callgrind.dumps(count_dir / "callgrind.out")
     if len(parts) != len(result):
         raise RuntimeError(f"callgrind wrote {len(parts)} dumps for {len(result)} streams in {count_dir}")
     requests = json.loads(texts_file.read_text())
     counted = {}
     for name, part in zip(result, parts):
-        summary = next(line for line in Path(part).read_text().splitlines() if line.startswith("totals:"))
-        counted[name] = {"instructions": int(summary.split()[1]) / (len(requests[name]) - warmup)}
+        counted[name] = {"instructions": callgrind.totals(part) / (len(requests[name]) - warmup)}
     return counted
 
 
@@ -191,7 +197,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--measure", type=Path, help=argparse.SUPPRESS)  # internal: one measuring interpreter
     parser.add_argument("--count", action="store_true", help=argparse.SUPPRESS)  # internal: under callgrind
     args = parser.parse_args(argv)
-    if args.instructions and not (shutil.which("valgrind") and shutil.which("callgrind_control")):
+    if args.instructions and not _valgrind_available():
         parser.error("--instructions needs valgrind (Debian: apt-get install valgrind)")
     for name in ("requests", "repeats"):
         if getattr(args, name) < 1:

@@ -44,9 +44,9 @@ class RouterUnderTest:
         self.log_path = log_path
         self.extra_args = extra_args or []
         self.source = source
+        """sgl_moe's router from this checkout instead of the installed one (``RouterProcess.source``)."""
         self.wrap = wrap or []
         """A command either router runs under (``callgrind.command``)."""
-        """sgl_moe's router from this checkout instead of the installed one (``RouterProcess.source``)."""
         self.port = free_port()
         self._ours: RouterProcess | None = None
         self._proc: subprocess.Popen | None = None
