@@ -21,6 +21,10 @@ few pieces with two spaces or more are kept by their text). Ids of pieces up
 to ``MAX_PIECE_CHARS`` are kept (``MAX_PIECES`` of them, the oldest half dropped when full); new pieces of a batch
 are encoded in one call. ``PrefixMemo`` encodes its segments through this, so its sampled whole-encode check
 covers it in service.
+
+A long text is checked and cut in runs of about ``CHUNK_CHARS`` (a run ends where a piece does, so its pieces are
+the text's own): one C call over a whole 4 MB text holds the GIL for tens of milliseconds, and the router parses
+large bodies in a thread so that its event loop keeps answering meanwhile, which it can only do between such calls.
 """
 
 from __future__ import annotations
@@ -36,6 +40,8 @@ MAX_PIECES = 200_000
 """Pieces kept (about 150 bytes each)."""
 MAX_PIECE_CHARS = 64
 """Longer pieces (a URL, base64) are encoded each time, not kept."""
+CHUNK_CHARS = 16_384
+"""Characters one C call over a text covers at most (checks and cuts of longer texts go run by run)."""
 
 EncodeBatch = Callable[[list[str]], list[list[int]]]
 
@@ -45,10 +51,12 @@ class PieceCache:
 
     def __init__(self, encode_plain: EncodeBatch, joiners: str, added: list[str], ascii_only: bool,
                  known: frozenset[str] | None) -> None:
-        self._encode = encode_plain
+        self._encode_plain = encode_plain
         self._joined = re.compile(f"[{re.escape(joiners)}] ") if joiners else None
         """Finds a space after a character BPE may merge it with."""
         self._added = added
+        self._reach = max([2, *map(len, added)])
+        """Characters of the longest pattern ``cuttable`` looks for (a joiner and its space, an added token)."""
         self._ascii_only = ascii_only
         self._known = known
         """Characters the vocabulary holds (None: byte fallback, every character is known)."""
@@ -85,6 +93,12 @@ class PieceCache:
 
     def cuttable(self, text: str) -> bool:
         """Every place between two pieces of ``text`` is a cut ``CutRule`` allows."""
+        if len(text) <= CHUNK_CHARS:
+            return self._cuttable(text)
+        over = self._reach - 1  # a pattern starting in one run ends within ``over`` characters of its end
+        return all(self._cuttable(text[a:a + CHUNK_CHARS + over]) for a in range(0, len(text), CHUNK_CHARS))
+
+    def _cuttable(self, text: str) -> bool:
         if self._ascii_only and not text.isascii():
             return False
         if self._known is not None and not self._known.issuperset(text):
@@ -95,6 +109,21 @@ class PieceCache:
 
     def encode_batch(self, texts: list[str]) -> list[list[int]]:
         """The ids of each text without special tokens, as ``encode_plain`` gives them."""
+        cut = [self.cuttable(t) for t in texts]
+        long = {i for i, (ok, t) in enumerate(zip(cut, texts)) if ok and len(t) > CHUNK_CHARS}
+        if not long:
+            return self._encode(texts, cut)
+        short = [i for i in range(len(texts)) if i not in long]
+        out: list[list[int]] = [[] for _ in texts]
+        for i, ids in zip(short, self._encode([texts[i] for i in short], [cut[i] for i in short])):
+            out[i] = ids
+        for i in long:  # run after run: a run's new pieces are kept before the next run looks them up
+            for run in _runs(texts[i]):
+                out[i] += self._encode([run], [True])[0]
+        return out
+
+    def _encode(self, texts: list[str], cut: list[bool]) -> list[list[int]]:
+        """``encode_batch`` of texts whose ``cuttable`` is known."""
         kept, words = self._ids, self._words
         out: list[list[int] | None] = []
         partial: list[tuple[int, list[str], list[list[int] | None], list[int]]] = []
@@ -103,7 +132,7 @@ class PieceCache:
         new: dict[str, None] = {}
         whole: list[int] = []
         for i, text in enumerate(texts):
-            if not self.cuttable(text):
+            if not cut[i]:
                 out.append(None)
                 whole.append(i)
                 continue
@@ -125,7 +154,7 @@ class PieceCache:
             else:
                 out.append(list(chain.from_iterable(found)))
         if new or whole:
-            encoded = self._encode([*new, *(texts[i] for i in whole)])
+            encoded = self._encode_plain([*new, *(texts[i] for i in whole)])
             fresh = dict(zip(new, encoded))
             self.hits -= len(new)
             self.misses += len(new)
@@ -159,6 +188,26 @@ class PieceCache:
                 if len(self._ids) + len(self._words) > MAX_PIECES:
                     for piece in list(islice(kept, len(kept) // 2)):
                         del kept[piece]
+
+
+_SPACES = re.compile(" +")
+
+
+def _runs(text: str) -> list[str]:
+    """``text`` cut into runs of at least ``CHUNK_CHARS`` characters (the last may be shorter), each ending where a
+    piece does (before a space that follows a non-space): the pieces of the runs, in order, are those of ``text``."""
+    runs: list[str] = []
+    start = 0
+    while len(text) - start > CHUNK_CHARS:
+        k = text.find(" ", start + CHUNK_CHARS)
+        if k != -1 and text[k - 1] == " ":  # inside a run of spaces: the next piece ends after it
+            k = text.find(" ", _SPACES.match(text, k).end())
+        if k == -1:
+            break
+        runs.append(text[start:k])
+        start = k
+    runs.append(text[start:])
+    return runs
 
 
 _NOTHING: list[int] = []

@@ -120,3 +120,45 @@ def test_space_runs_give_the_regex_pieces():
             elif run:
                 pieces.append(run)
         assert pieces == re.findall(r" *[^ ]+| +", text), repr(text)
+
+
+def test_long_texts_are_cut_into_runs_that_end_where_a_piece_ends(monkeypatch):
+    """``_runs`` cuts a long text before a space that follows a non-space: the runs join to the text, every run
+    but the last is at least ``CHUNK_CHARS`` long, and the runs' pieces, in order, are the text's."""
+    import re
+
+    monkeypatch.setattr(piece_cache, "CHUNK_CHARS", 6)
+    rng = random.Random("long-runs")
+    texts = ["a" * 40, " " * 40, "a" + " " * 30 + "b", "abcdef ghijkl", "abcdefg", "abcdef   "]
+    texts += ["".join(rng.choice(["a", "bc", "\n", " ", "  ", "   ", " " * 9, "x" * 9]) for _ in range(rng.randint(1, 30)))
+              for _ in range(3000)]
+    cut = 0
+    for text in texts:
+        runs = piece_cache._runs(text)
+        assert "".join(runs) == text, repr(text)
+        assert all(len(r) >= 6 for r in runs[:-1]), (text, runs)
+        pieces = [p for r in runs for p in re.findall(r" *[^ ]+| +", r)]
+        assert pieces == re.findall(r" *[^ ]+| +", text), (text, runs)
+        cut += len(runs) > 1
+    assert cut > 1000
+
+
+@pytest.mark.parametrize("name", TOKENIZERS)
+def test_long_texts_checked_and_encoded_run_by_run_get_a_whole_encodes_ids(name, tokenizers, monkeypatch):
+    """With runs of a few characters, an added token or a mergeable pair across a run's end is still seen (the
+    check by runs equals the check over the whole text) and every text's ids equal a whole encode, cold and warm."""
+    tok = tokenizers(name)
+    if tok.pieces is None:
+        pytest.skip(f"{name}: no piece cache ({tok.memo_off_reason or 'texts are not cut at spaces'})")
+    cache = piece_cache.PieceCache.of(tok.memo.rule, tok._encode_plain_batch)
+    rng = random.Random(f"long-{name}")
+    texts = [random_text(rng, rng.randint(20, 80)) for _ in range(150)]
+    texts += [" ".join(random_text(rng, 3) for _ in range(10)) for _ in range(50)]
+    whole_check = [cache.cuttable(t) for t in texts]
+    monkeypatch.setattr(piece_cache, "CHUNK_CHARS", 7)
+    assert [cache.cuttable(t) for t in texts] == whole_check
+    assert 20 < sum(whole_check) < len(texts), sum(whole_check)
+    for _ in range(2):
+        for i in range(0, len(texts), 5):
+            batch = texts[i:i + 5]
+            assert cache.encode_batch(batch) == plain(tok, batch), (name, batch)
