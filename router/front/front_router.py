@@ -37,7 +37,7 @@ from sgl_moe.router.membership.worker import WorkerError
 from sgl_moe.router.placement.messages import Delegate, Model, Refused
 from sgl_moe.router.request.prompt_keys import prompt_keys
 from sgl_moe.router.request.request_limits import RequestLimits
-from sgl_moe.router.request.router_tokenizer import RouterTokenizer
+from sgl_moe.router.request.router_tokenizer import RouterTokenizer, freeze_what_loading_made
 from sgl_moe.wire import decode_info
 
 log = logging.getLogger("sgl_moe.router.fronts")
@@ -171,6 +171,8 @@ class FrontRouter:
             log.error("front %d: cannot load the tokenizer of %s: %s", self.front, msg.worker_url, exc.message)
             self.model = None
             return
+        if not same_tokenizer:
+            freeze_what_loading_made()
         if not msg.memo:
             tok.drop_memo("--no-prefix-memo")
         if msg.inexact_reason is not None and tok.exact:

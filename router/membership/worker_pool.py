@@ -29,7 +29,7 @@ from sgl_moe.router.membership.worker import HEALTHY, STARTING, UNHEALTHY, NotAW
 from sgl_moe.router.placement.block_index import BlockIndex
 from sgl_moe.router.placement.pending import PendingLedger
 from sgl_moe.router.request.request_limits import RequestLimits
-from sgl_moe.router.request.router_tokenizer import RouterTokenizer
+from sgl_moe.router.request.router_tokenizer import RouterTokenizer, freeze_what_loading_made
 from sgl_moe.wire import WorkerInfo
 
 log = logging.getLogger("sgl_moe.router.workers")
@@ -113,6 +113,7 @@ class WorkerPool:
             self.check_new_instance(url, info)
             if self.tokenizer is None:
                 self.tokenizer = await self.discovery.fetch_tokenizer(url, info)
+                freeze_what_loading_made()
                 self.tokenizer_source = (url, info)
                 if not self.cfg.prefix_memo:
                     self.tokenizer.drop_memo("--no-prefix-memo")
