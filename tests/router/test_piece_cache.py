@@ -130,8 +130,8 @@ def test_long_texts_are_cut_into_runs_that_end_where_a_piece_ends(monkeypatch):
     monkeypatch.setattr(piece_cache, "CHUNK_CHARS", 6)
     rng = random.Random("long-runs")
     texts = ["a" * 40, " " * 40, "a" + " " * 30 + "b", "abcdef ghijkl", "abcdefg", "abcdef   "]
-    texts += ["".join(rng.choice(["a", "bc", "\n", " ", "  ", "   ", " " * 9, "x" * 9]) for _ in range(rng.randint(1, 30)))
-              for _ in range(3000)]
+    atoms = ["a", "bc", "\n", " ", "  ", "   ", " " * 9, "x" * 9]
+    texts += ["".join(rng.choice(atoms) for _ in range(rng.randint(1, 30))) for _ in range(3000)]
     cut = 0
     for text in texts:
         runs = piece_cache._runs(text)
