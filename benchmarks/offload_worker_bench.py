@@ -8,7 +8,9 @@ prediction sees the distribution it was trained for). For each prompt and worker
 request at a time: time to first token (``max_new_tokens`` 1) and the time of a greedy ``--new-tokens``
 continuation; TPOT = (t_N − t_1) / (N − 1). Reports median TPOT and its ratio to plain, how many greedy tokens
 equal plain's (and the mean position of the first difference), and the worker's offload counts from
-``/sgl_moe/info`` (hits, misses after layer 0, experts copied, bytes moved). On a CPU the host store and the
+``/sgl_moe/info`` (hits, misses after layer 0, experts copied, bytes moved; read before and after the run, each
+time after a one-token request that makes the worker write them, so the run's counts include one such request).
+On a CPU the host store and the
 "device" buffer are both RAM: the timing is the engine's overhead, the counts are what carries to a GPU.
 
 Smallest run (seconds once the workers are up; what CI runs): ``--prompts 2 --chars 200 --new-tokens 4``
@@ -46,7 +48,18 @@ def _prompts(n: int, chars: int) -> list[str]:
     return out
 
 
+COUNTS_EVERY_S = 1.0
+"""An offload worker writes its counts at the end of a forward, at most this often (``patches/expert_offload``)."""
+FLUSH_TEXT = "Counts."
+"""The one-token request that makes an offload worker write its counts (its own copies are counted with them)."""
+
+
 def _offload_counts(client: httpx.Client, url: str) -> dict:
+    """The worker's counts as of now: after a pause longer than its write interval, one one-token request, whose
+    forward writes them (a run's last forwards may otherwise fall within a second of the last write, and no forward
+    follows to write them)."""
+    time.sleep(COUNTS_EVERY_S * 1.2)
+    _generate(client, url, FLUSH_TEXT, 1)
     info = client.get(f"{url}/sgl_moe/info").json()
     return (info.get("offload") or {}).get("counts") or {}  # none: a worker started without --moe-expert-offload
 
@@ -99,7 +112,8 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     base = statistics.median(tpot["plain"])
     print(f"{len(prompts)} held-out prompts of {args.chars} chars, {args.new_tokens} greedy tokens each (TPOT over "
-          f"the last {len(prompts) - 1}: the first warms up); counts are differences of /sgl_moe/info over the run\n")
+          f"the last {len(prompts) - 1}: the first warms up); counts are differences of /sgl_moe/info over the run "
+          "and one one-token request after it\n")
     print("| worker | median TPOT ms | / plain | tokens equal to plain | mean first difference at | "
           "decode hits / misses, layers >= 1 | experts copied | MB moved |")
     print("|---|---|---|---|---|---|---|---|")
