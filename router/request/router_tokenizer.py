@@ -110,7 +110,7 @@ def freeze_what_loading_made() -> None:
     The first load imports transformers: about 370,000 objects that every later full collection would walk (one
     full collection of them: 166 ms on the 2-core VM, all of it holding the GIL, so the event loop answers nothing
     meanwhile). ``tune_gc`` freezes what start-up made, but this import comes later. With its high thresholds a
-    router serving 3,000 requests ran one full collection after start-up (48 ms before this freeze), so this bounds
+    router serving 3,000 requests ran one full collection after start-up (48 ms, with this freeze), so this bounds
     a rare pause rather than saving CPU per request. Frozen objects are never collected as cycles: a load's few leftover
     cycles stay."""
     gc.freeze()
