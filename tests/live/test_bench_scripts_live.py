@@ -38,8 +38,11 @@ def test_bench_serving_routers_smallest_run(cluster, tmp_path):
         [row] = runs
         assert row["completed"] == 4, (name, row)  # every request of 2 groups x 2 prompts
         for key in ("request_throughput", "input_throughput", "mean_e2e_latency_ms", "p99_e2e_latency_ms",
-                    "duration", "router_cpu_s"):
+                    "duration"):
             assert row[key] is not None and row[key] > 0, (name, key, row)
+        # Measured, not necessarily positive: the kernel counts CPU time in 10 ms ticks, and sglang-router handled
+        # these 4 requests inside one tick on a CI run (0.0 s read).
+        assert row["router_cpu_s"] is not None and row["router_cpu_s"] >= 0, (name, row)
     assert len(re.findall(r"^run 1: .* req/s .* 4 completed", proc.stdout, re.M)) == 2, proc.stdout
 
 
