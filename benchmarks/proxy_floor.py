@@ -7,7 +7,8 @@ four ways: aiohttp's server and client (what the router used before d9b7e0d), ai
 own ``WorkerClient`` (asyncio protocols + httptools; what it uses now), uvicorn serving a bare ASGI app with
 ``WorkerClient``, and bare asyncio protocols with httptools on both sides. The backend answers at once from a
 bare protocol; the load comes from another process (aiohttp client, closed loop). Each proxy is a fresh process
-on uvloop; CPU = its user + system time over the measured requests, after a warm-up. The order of the four is
+on uvloop; CPU = its user + system time over the measured requests, after a warm-up, printed with its split (user,
+kernel). The order of the four is
 the same in every repeat; compare the repeats to see the noise.
 """
 
@@ -204,6 +205,8 @@ def main() -> int:
     p.add_argument("--concurrency", type=int, default=32)
     p.add_argument("--repeats", type=int, default=2)
     args = p.parse_args()
+    if min(args.requests, args.concurrency, args.repeats) < 1 or args.warmup < 0:
+        p.error("--requests, --concurrency and --repeats must be positive, --warmup at least 0")
     ctx = multiprocessing.get_context("spawn")
     back_port = _free_port()
     back = ctx.Process(target=backend, args=(back_port,), daemon=True)
@@ -224,16 +227,19 @@ def main() -> int:
                     took = ctx.Queue()
                     for n in (args.warmup, args.requests):
                         proc = psutil.Process(proxy.pid)
-                        cpu0 = sum(proc.cpu_times()[:2])
+                        t0 = proc.cpu_times()
                         loader = ctx.Process(target=load, args=(url, n, args.concurrency, took))
                         loader.start()
                         loader.join()
                         if loader.exitcode != 0:
                             raise RuntimeError(f"the load generator failed against {name}")
-                        cpu = sum(proc.cpu_times()[:2]) - cpu0
+                        t1 = proc.cpu_times()
+                        user, system = t1.user - t0.user, t1.system - t0.system
                         seconds = took.get()
-                    print(f"repeat {rep + 1}  {name:36s} {cpu / args.requests * 1e3:6.3f} ms CPU/request  "
-                          f"{args.requests / seconds:7.0f} req/s", flush=True)
+                    per = args.requests / 1e3
+                    print(f"repeat {rep + 1}  {name:36s} {(user + system) / per:6.3f} ms CPU/request (user "
+                          f"{user / per:.3f}, kernel {system / per:.3f})  {args.requests / seconds:7.0f} req/s",
+                          flush=True)
                 finally:
                     proxy.kill()
                     proxy.join()

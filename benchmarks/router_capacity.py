@@ -29,7 +29,9 @@ between repeats (``run_order``: the second runs the first's in reverse), since t
 Figures per (router, stream), pooled over the repeats:
 
 * **CPU ms/request**: user + system CPU seconds of the router's whole process tree (psutil, children
-  included) over the measured window, divided by its requests: the router's own cost;
+  included) over the measured window, divided by its requests: the router's own cost; **user / kernel**, the
+  same split in two: the kernel's share is mostly socket work (on loopback a write also runs the receiving side's
+  TCP path), which any router pays for the same reads and writes, so the user share is where routers differ;
 * **req/s** over the measured window (bounded by this machine: the load generator and the stand-ins share
   its cores with the router; their CPU per request is in the JSON);
 * **p50 / p99** client latency through the router, and the same stream sent straight to a stand-in
@@ -340,7 +342,7 @@ def _errors(records: list[Record]) -> tuple[int, str | None]:
 
 async def measure(url: str, stream: Stream, concurrency: int, cpu, stand_ins: StandIns, owner_cpu=None,
                   counter: callgrind.Counter | None = None) -> dict:
-    """Warm-up, then the measured window with ``cpu()`` (the router's CPU seconds) read on both sides;
+    """Warm-up, then the measured window with ``cpu()`` (the router's (user, system) CPU seconds) read on both sides;
     ``owner_cpu()``: the placement owner's alone (sgl_moe with front processes); ``counter``: the router's
     instructions over the window (it runs under callgrind)."""
     warm, _ = await run_stream(url, stream.warmup, concurrency, progress=False) if stream.warmup else ([], 0.0)
@@ -359,8 +361,9 @@ async def measure(url: str, stream: Stream, concurrency: int, cpu, stand_ins: St
            "client_cpu_ms_per_request": (o1 - o0) / n * 1e3 if n else None,
            "stand_in_cpu_ms_per_request": (s1 - s0) / n * 1e3 if n and s0 is not None and s1 is not None else None}
     if c0 is not None and c1 is not None and n:
-        out["cpu_s"] = c1 - c0
-        out["cpu_ms_per_request"] = (c1 - c0) / n * 1e3
+        out["cpu_s"] = sum(c1) - sum(c0)
+        out["cpu_ms_per_request"] = out["cpu_s"] / n * 1e3
+        out["system_cpu_s"] = c1[1] - c0[1]
     if w0 is not None and w1 is not None and n:
         out["owner_cpu_s"] = w1 - w0
     if counted and n:
@@ -385,7 +388,7 @@ async def run_router(spec: RouterSpec, stand_ins: StandIns, stream: Stream, conc
             raise BenchError(f"{spec.label} did not start: {reason} (log: {log})") from None
         owner = router.top_cpu_seconds if spec.front_processes > 1 else None
         counter = callgrind.Counter(router.pid, counted) if counted else None
-        return {"available": True, **await measure(router.url, stream, concurrency, router.cpu_seconds, stand_ins,
+        return {"available": True, **await measure(router.url, stream, concurrency, router.cpu_times, stand_ins,
                                                    owner, counter)}
     finally:
         router.stop()
@@ -414,6 +417,9 @@ def pool(runs: list[dict]) -> dict:
     if all("cpu_s" in r for r in ok) and n:
         out["cpu_s"] = sum(r["cpu_s"] for r in ok)
         out["cpu_ms_per_request"] = out["cpu_s"] / n * 1e3
+    if all("system_cpu_s" in r for r in ok) and n:  # the kernel's share: sockets, the same work for every router
+        out["system_cpu_ms_per_request"] = sum(r["system_cpu_s"] for r in ok) / n * 1e3
+        out["user_cpu_ms_per_request"] = out["cpu_ms_per_request"] - out["system_cpu_ms_per_request"]
     if all("instructions" in r for r in ok) and n:
         out["instructions_per_request"] = sum(r["instructions"] for r in ok) / n
     if all("owner_cpu_s" in r for r in ok) and n:  # the one serial part: its CPU per request bounds req/s
@@ -510,18 +516,20 @@ def _f(x, fmt: str) -> str:
 
 
 def table(result: dict) -> str:
-    lines = ["| stream | router | CPU ms/req | owner ms/req (bound req/s) | req/s | p50 ms | p99 ms | added p50 ms | "
-             "added p99 ms | errors |",
-             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    lines = ["| stream | router | CPU ms/req | user / kernel ms/req | owner ms/req (bound req/s) | req/s | p50 ms | "
+             "p99 ms | added p50 ms | added p99 ms | errors |",
+             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in result["rows"]:
         if not r["available"]:
-            lines.append(f"| {r['stream']} | {r['router']} | not available: {r['reason']} | | | | | | | |")
+            lines.append(f"| {r['stream']} | {r['router']} | not available: {r['reason']} | | | | | | | | |")
             continue
         errors = r["errors"] + r["warmup_errors"]
         owner = (f"{r['owner_cpu_ms_per_request']:.3f} ({r['owner_bound_req_per_s']:.0f})"
                  if r.get("owner_bound_req_per_s") else "—")
-        lines.append(f"| {r['stream']} | {r['router']} | {_f(r.get('cpu_ms_per_request'), '.3f')} | {owner} | "
-                     f"{r['req_per_s']:.0f} | {_f(r['p50_ms'], '.1f')} | {_f(r['p99_ms'], '.1f')} | "
+        split = (f"{r['user_cpu_ms_per_request']:.3f} / {r['system_cpu_ms_per_request']:.3f}"
+                 if r.get("system_cpu_ms_per_request") is not None else "—")
+        lines.append(f"| {r['stream']} | {r['router']} | {_f(r.get('cpu_ms_per_request'), '.3f')} | {split} | "
+                     f"{owner} | {r['req_per_s']:.0f} | {_f(r['p50_ms'], '.1f')} | {_f(r['p99_ms'], '.1f')} | "
                      f"{_f(r.get('added_p50_ms'), '.1f')} | {_f(r.get('added_p99_ms'), '.1f')} | "
                      f"{errors}{' **FLAGGED**' if errors else ''} |")
     for label, per_stream in result["cpu_ratio_vs_cache_aware"].items():

@@ -133,6 +133,13 @@ class RouterUnderTest:
 
     def cpu_seconds(self) -> float | None:
         """CPU time the router's processes have used so far (user + system), or None if unknown."""
+        times = self.cpu_times()
+        return None if times is None else times[0] + times[1]
+
+    def cpu_times(self) -> tuple[float, float] | None:
+        """(user, system) CPU seconds the router's processes have used so far, or None if unknown. System time is
+        the kernel's work for the router, most of it its sockets: on loopback a write runs the receiver's TCP path
+        too."""
         proc = self._ours.proc if self._ours is not None else self._proc
         if proc is None or proc.poll() is not None:
             return None
@@ -140,11 +147,12 @@ class RouterUnderTest:
             import psutil
 
             root = psutil.Process(proc.pid)
-            total = 0.0
+            user = system = 0.0
             for p in [root, *root.children(recursive=True)]:
                 t = p.cpu_times()
-                total += t.user + t.system
-            return total
+                user += t.user
+                system += t.system
+            return user, system
         except Exception:  # noqa: BLE001 - a diagnostic only
             return None
 

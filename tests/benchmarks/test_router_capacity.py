@@ -44,12 +44,15 @@ def test_smallest_run_reports_router_cpu_per_request_for_every_router_and_stream
         assert r["req_per_s"] > 0 and 0 < r["p50_ms"] <= r["p99_ms"], (router, stream, r)
         if router != "direct to stand-in":
             assert r["cpu_ms_per_request"] > 0, (router, stream, r)
+            # the user / kernel split of the same CPU: two readings of one counter, each at least 0
+            assert r["user_cpu_ms_per_request"] >= 0 and r["system_cpu_ms_per_request"] >= 0, (router, stream, r)
+            assert abs(r["user_cpu_ms_per_request"] + r["system_cpu_ms_per_request"] - r["cpu_ms_per_request"]) < 1e-9
             assert r["added_p50_ms"] == r["p50_ms"] - r["direct_p50_ms"], (router, stream, r)
     # No cache_aware in this run: no ratio to it.
     assert result["cpu_ratio_vs_cache_aware"] == {}
 
     # What a user reads: a markdown table on stdout, one progress line per run on stderr.
-    assert proc.stdout.startswith("| stream | router | CPU ms/req |")
+    assert proc.stdout.startswith("| stream | router | CPU ms/req | user / kernel ms/req |")
     for router in ROUTERS:
         assert f"| shared-200 | {router} |" in proc.stdout and f"| unique-200 | {router} |" in proc.stdout
     assert sum(line.startswith("[") for line in proc.stderr.splitlines()) == 6, proc.stderr
