@@ -363,7 +363,7 @@ async def measure(url: str, stream: Stream, concurrency: int, cpu, stand_ins: St
     if c0 is not None and c1 is not None and n:
         out["cpu_s"] = sum(c1) - sum(c0)
         out["cpu_ms_per_request"] = out["cpu_s"] / n * 1e3
-        out["system_cpu_s"] = c1[1] - c0[1]
+        out["user_cpu_s"], out["system_cpu_s"] = c1[0] - c0[0], c1[1] - c0[1]
     if w0 is not None and w1 is not None and n:
         out["owner_cpu_s"] = w1 - w0
     if counted and n:
@@ -418,8 +418,8 @@ def pool(runs: list[dict]) -> dict:
         out["cpu_s"] = sum(r["cpu_s"] for r in ok)
         out["cpu_ms_per_request"] = out["cpu_s"] / n * 1e3
     if all("system_cpu_s" in r for r in ok) and n:  # the kernel's share: sockets, the same work for every router
+        out["user_cpu_ms_per_request"] = sum(r["user_cpu_s"] for r in ok) / n * 1e3
         out["system_cpu_ms_per_request"] = sum(r["system_cpu_s"] for r in ok) / n * 1e3
-        out["user_cpu_ms_per_request"] = out["cpu_ms_per_request"] - out["system_cpu_ms_per_request"]
     if all("instructions" in r for r in ok) and n:
         out["instructions_per_request"] = sum(r["instructions"] for r in ok) / n
     if all("owner_cpu_s" in r for r in ok) and n:  # the one serial part: its CPU per request bounds req/s
