@@ -8,8 +8,7 @@ own ``WorkerClient`` (asyncio protocols + httptools; what it uses now), uvicorn 
 ``WorkerClient``, and bare asyncio protocols with httptools on both sides. The backend answers at once from a
 bare protocol; the load comes from another process (aiohttp client, closed loop). Each proxy is a fresh process
 on uvloop; CPU = its user + system time over the measured requests, after a warm-up, printed with its split (user,
-kernel). The order of the four is
-the same in every repeat; compare the repeats to see the noise.
+kernel). The order of the four is the same in every repeat; compare the repeats to see the noise.
 """
 
 from __future__ import annotations
