@@ -12,6 +12,7 @@ from sgl_moe.router.config import RouterConfig
 from sgl_moe.router.front.front_processes import FrontSockets, FrontStartError
 from sgl_moe.router.front.http_server import serve
 from sgl_moe.router.front.service import ROUTER, build_app, hot_routes, tune_gc
+from sgl_moe.router.request import block_hash, word_pieces
 from sgl_moe.router.request.router_tokenizer import encode_batches_serially, keep_torch_out
 
 
@@ -27,6 +28,7 @@ def main(argv: list[str] | None = None) -> int:
     log = logging.getLogger("sgl_moe.router")
     log.info("router on http://%s:%d, policy %s, %d worker URL(s)", cfg.host, cfg.port, cfg.policy,
              len(cfg.worker_urls))
+    log.info("%s", native_loops())
     tune_gc()
     try:
         # keepalive_timeout also closes a connection that has not sent a complete request head in time (aiohttp's
@@ -58,6 +60,18 @@ def main(argv: list[str] | None = None) -> int:
         print(f"sgl_moe.router: error: {fronts.failed}; the router stopped", file=sys.stderr)
         return 1
     return 0
+
+
+def native_loops() -> str:
+    """Which of the router's per-page and per-piece loops run in C (built at install where a C compiler was)."""
+    if block_hash.NATIVE and word_pieces.NATIVE:
+        from sgl_moe.router.request import _page_hash
+
+        return f"page hashes and word pieces in C (SHA-256: {_page_hash.backend()})"
+    where = {"page hashes": block_hash.NATIVE, "word pieces": word_pieces.NATIVE}
+    python = " and ".join(name for name, native in where.items() if not native)
+    return (f"{python} in Python: the install did not build their C extension (no C compiler?), so the router "
+            "spends more CPU per request; with a compiler, `bash tools/bootstrap.sh` or `pip install -e .` builds it")
 
 
 if __name__ == "__main__":

@@ -34,12 +34,13 @@ if [ "$(cat "$deps_stamp" 2>/dev/null)" != "$deps_hash" ]; then
     rm -f .venv/.sgl_moe-modules
 fi
 
-# A strict editable install links each module file; relink when modules are added or removed.
+# A strict editable install links each module file and builds the C extensions (pyproject's ext-modules); relink
+# when modules are added or removed, rebuild when a C source changes.
 mods_stamp=.venv/.sgl_moe-modules
-mods_hash=$(find sgl_moe router patches loadtest -type f \( -name '*.py' -o -path '*/models/*' \) -not -path '*/__pycache__/*' \
-    | sort | sha256sum | cut -d' ' -f1)
+mods_hash=$( { find sgl_moe router patches loadtest -type f \( -name '*.py' -o -path '*/models/*' \) -not -path '*/__pycache__/*' \
+    | sort; find sgl_moe router -name '*.c' | sort | xargs cat; } | sha256sum | cut -d' ' -f1)
 if [ "$(cat "$mods_stamp" 2>/dev/null)" != "$mods_hash" ]; then
-    echo "[bootstrap] relinking the editable install (module list changed)"
+    echo "[bootstrap] relinking the editable install (module list or C sources changed)"
     .venv/bin/python -m pip install --quiet --no-deps -e . --config-settings editable_mode=strict 2>/dev/null
     echo "$mods_hash" > "$mods_stamp"
 fi

@@ -10,6 +10,10 @@ Namespaces (``sglang/srt/mem_cache/utils.py: compute_node_event_hash_values``): 
 ``sha256(b"sglang-cache-salt-v1\0" + salt)`` instead of nothing (``salt_seed`` below). ``extra_key``
 (and LoRA, which SGLang appends to ``extra_key``) is left out of published hashes, so such blocks are
 indistinguishable from plain ones in events; callers must not claim affinity for those requests.
+
+``block_hash_chain`` is the C extension ``_page_hash`` (``_page_hash.c``, built at install: no Python call per
+page, SHA-256 from the libcrypto ``hashlib`` uses) when it was built, else ``block_hash_chain_py`` here, which is
+its reference in the tests (``tests/router/test_native_paths.py``). ``NATIVE`` says which one runs.
 """
 
 from __future__ import annotations
@@ -40,8 +44,8 @@ def block_hashes(token_ids: Sequence[int], page_size: int, seed: bytes | None = 
     return block_hash_chain(token_ids, page_size, seed)[0]
 
 
-def block_hash_chain(token_ids: Sequence[int], page_size: int,
-                     seed: bytes | None = None) -> tuple[list[BlockHash], bytes | None]:
+def block_hash_chain_py(token_ids: Sequence[int], page_size: int,
+                        seed: bytes | None = None) -> tuple[list[BlockHash], bytes | None]:
     """``block_hashes`` and the full digest of the last page hashed (``seed`` if none was).
 
     Hashing the tokens that follow with that digest as ``seed`` continues the chain: for ``a`` a whole
@@ -62,3 +66,10 @@ def block_hash_chain(token_ids: Sequence[int], page_size: int,
         parent = sha256(parent + data[offset : offset + step]).digest()
         append(first_int64(parent)[0])  # a BlockHash (NewType's call costs a Python call per page: left out)
     return hashes, parent or seed
+
+
+try:
+    from sgl_moe.router.request._page_hash import block_hash_chain
+    NATIVE = True
+except ImportError:  # no C compiler at install
+    block_hash_chain, NATIVE = block_hash_chain_py, False

@@ -32,9 +32,10 @@ from __future__ import annotations
 import re
 import threading
 from collections.abc import Callable
-from itertools import chain, islice
+from itertools import islice
 
 from sgl_moe.router.request.token_cuts import CutRule
+from sgl_moe.router.request.word_pieces import join, lookup
 
 MAX_PIECES = 200_000
 """Pieces kept (about 150 bytes each)."""
@@ -126,9 +127,8 @@ class PieceCache:
         """``encode_batch`` of texts whose ``cuttable`` is known."""
         kept, words = self._ids, self._words
         out: list[list[int] | None] = []
-        partial: list[tuple[int, list[str], list[list[int] | None], list[int]]] = []
-        """Texts with pieces not kept: (index, the missing pieces, every piece's kept ids or None, where the Nones
-        are)."""
+        partial: list[tuple[int, list, list[int], list[str]]] = []
+        """Texts with pieces not kept: (index, ``lookup``'s found, missing and new)."""
         new: dict[str, None] = {}
         whole: list[int] = []
         for i, text in enumerate(texts):
@@ -136,23 +136,12 @@ class PieceCache:
                 out.append(None)
                 whole.append(i)
                 continue
-            parts = text.split(" ")
-            first = parts[0]  # "" when the text starts with a space
-            found = [kept.get(first)] if first else []
-            at = len(found) - 1  # found[at + j] is parts[j]'s piece
-            found += map(words.get, islice(parts, 1, None))
-            runs = _space_runs(parts) if "  " in text else {}
-            for j, piece in runs.items():
-                found[at + j] = kept.get(piece) if piece else _NOTHING
-            self.hits += len(found) - sum(1 for piece in runs.values() if not piece)
-            if None in found:  # a new piece, a long one (never kept), or one another thread's call dropped
-                out.append(None)
-                missing = _nones(found)
-                pieces = [runs.get(j - at) or (parts[0] if j - at == 0 else " " + parts[j - at]) for j in missing]
-                partial.append((i, pieces, found, missing))
+            ids, missing, pieces, count = lookup(text, kept, words)
+            self.hits += count
+            out.append(ids if missing is None else None)
+            if missing is not None:  # a new piece, a long one (never kept), or one another thread's call dropped
+                partial.append((i, ids, missing, pieces))
                 new.update(dict.fromkeys(pieces))
-            else:
-                out.append(list(chain.from_iterable(found)))
         if new or whole:
             encoded = self._encode_plain([*new, *(texts[i] for i in whole)])
             fresh = dict(zip(new, encoded))
@@ -160,10 +149,10 @@ class PieceCache:
             self.misses += len(new)
             self.whole += len(whole)
             self._keep(fresh)
-            for i, pieces, found, missing in partial:
+            for i, found, missing, pieces in partial:
                 for j, piece in zip(missing, pieces):
                     found[j] = fresh[piece]
-                out[i] = list(chain.from_iterable(found))
+                out[i] = join(found)
             for i, ids in zip(whole, encoded[len(new):]):
                 out[i] = ids
         if len(kept) + len(words) > MAX_PIECES:
@@ -208,47 +197,3 @@ def _runs(text: str) -> list[str]:
         start = k
     runs.append(text[start:])
     return runs
-
-
-_NOTHING: list[int] = []
-"""The ids of an empty word inside a run of spaces: its space is in the run's piece."""
-
-
-def _space_runs(parts: list[str]) -> dict[int, str]:
-    """For ``parts = text.split(" ")``: the parts whose piece is not one space then the part. A run of ``m`` empty
-    parts before a word is ``m + 1`` spaces then the word, one piece (at the word's index; the empty parts map to
-    ""); ``m`` empty parts that end the text are a piece of ``m`` spaces (at the last one)."""
-    runs: dict[int, str] = {}
-    empty = _nones(parts, "")
-    n, k = len(parts), 0
-    while k < len(empty):
-        a = empty[k]
-        if a == 0:  # the text starts with a space: no first word, and the first space belongs to parts[1]'s piece
-            k += 1
-            continue
-        b = a
-        while k + 1 < len(empty) and empty[k + 1] == b + 1:
-            k += 1
-            b += 1
-        k += 1
-        m = b - a + 1
-        if b == n - 1:  # spaces that end the text
-            if m > 1:
-                runs.update(dict.fromkeys(range(a, b), ""))
-                runs[b] = " " * m
-        else:
-            runs.update(dict.fromkeys(range(a, b + 1), ""))
-            runs[b + 1] = " " * (m + 1) + parts[b + 1]
-    return runs
-
-
-def _nones(found: list, what: object = None) -> list[int]:
-    """Where ``found`` holds None, or ``what`` (searched at C speed: few of them in many)."""
-    at: list[int] = []
-    j = -1
-    try:
-        while True:
-            j = found.index(what, j + 1)
-            at.append(j)
-    except ValueError:
-        return at

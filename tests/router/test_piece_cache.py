@@ -9,7 +9,7 @@ import random
 
 import pytest
 
-from sgl_moe.router.request import piece_cache
+from sgl_moe.router.request import piece_cache, word_pieces
 
 from . import test_prefix_memo
 from .test_prefix_memo import TOKENIZERS, full, plain, random_text
@@ -111,7 +111,7 @@ def test_space_runs_give_the_regex_pieces():
               for _ in range(2000)]
     for text in texts:
         parts = text.split(" ")
-        runs = piece_cache._space_runs(parts)
+        runs = word_pieces._space_runs(parts)
         pieces = [parts[0]] if parts[0] else []
         for j in range(1, len(parts)):
             run = runs.get(j)
