@@ -376,6 +376,8 @@ async def run_router(spec: RouterSpec, stand_ins: StandIns, stream: Stream, conc
                      rep: int, instructions: bool = False) -> dict:
     log = log_dir / f"{spec.label.replace(' ', '_')}-{stream.name}-{rep}.log"
     counted = log.with_suffix(".callgrind") if instructions else None
+    if counted:
+        callgrind.clear(counted)  # a rerun into the same --log-dir
     router = RouterUnderTest(spec.policy, stand_ins.urls, log, extra_args=spec.extra_args(), engine=spec.engine,
                              source=spec.source, wrap=callgrind.command(counted) if counted else None)
     try:

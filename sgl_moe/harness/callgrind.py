@@ -30,6 +30,13 @@ def control(pid: int, *args: str) -> None:
     subprocess.run(["callgrind_control", *args, str(pid)], check=True, capture_output=True, timeout=600)
 
 
+def clear(out_file: Path) -> None:
+    """Remove an earlier run's ``out_file`` and its dumps: a new callgrind numbers its dumps from 1 again, over them,
+    so a stale dump would make ``Counter.window`` see no new one."""
+    for f in [out_file, *dumps(out_file)]:
+        f.unlink(missing_ok=True)
+
+
 def dumps(out_file: Path) -> list[Path]:
     """The dumps written so far, oldest first."""
     return [Path(f) for f in sorted(glob.glob(f"{out_file}.*"), key=lambda f: int(f.rsplit(".", 1)[1]))]
