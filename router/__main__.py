@@ -65,9 +65,9 @@ def main(argv: list[str] | None = None) -> int:
 def native_loops() -> str:
     """Which of the router's per-page and per-piece loops run in C (built at install where a C compiler was)."""
     if block_hash.NATIVE and word_pieces.NATIVE:
-        from sgl_moe.router.request import _page_hash
+        from sgl_moe.router.request import native_page_hash
 
-        return f"page hashes and word pieces in C (SHA-256: {_page_hash.backend()})"
+        return f"page hashes and word pieces in C (SHA-256: {native_page_hash.backend()})"
     where = {"page hashes": block_hash.NATIVE, "word pieces": word_pieces.NATIVE}
     python = " and ".join(name for name, native in where.items() if not native)
     return (f"{python} in Python: the install did not build their C extension (no C compiler?), so the router "

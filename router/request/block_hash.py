@@ -11,9 +11,9 @@ Namespaces (``sglang/srt/mem_cache/utils.py: compute_node_event_hash_values``): 
 (and LoRA, which SGLang appends to ``extra_key``) is left out of published hashes, so such blocks are
 indistinguishable from plain ones in events; callers must not claim affinity for those requests.
 
-``block_hash_chain`` is the C extension ``_page_hash`` (``_page_hash.c``, built at install: no Python call per
-page, SHA-256 from the libcrypto ``hashlib`` uses) when it was built, else ``block_hash_chain_py`` here, which is
-its reference in the tests (``tests/router/test_native_paths.py``). ``NATIVE`` says which one runs.
+``block_hash_chain`` is the C extension ``native_page_hash`` (``native_page_hash.c``, built at install: no Python
+call per page, SHA-256 from the libcrypto ``hashlib`` uses) when it was built, else ``block_hash_chain_py`` here,
+which is its reference in the tests (``tests/router/test_native_paths.py``). ``NATIVE`` says which one runs.
 """
 
 from __future__ import annotations
@@ -69,7 +69,7 @@ def block_hash_chain_py(token_ids: Sequence[int], page_size: int,
 
 
 try:
-    from sgl_moe.router.request._page_hash import block_hash_chain
+    from sgl_moe.router.request.native_page_hash import block_hash_chain
     NATIVE = True
 except ImportError:  # no C compiler at install
     block_hash_chain, NATIVE = block_hash_chain_py, False

@@ -1,4 +1,4 @@
-"""The router's C loops (``_page_hash``, ``_word_pieces``) against their Python references, value for value.
+"""The router's C loops (``native_page_hash``, ``native_word_pieces``) against their Python references, value for value.
 
 Each runs where the install had a C compiler; here, where one is on PATH, the tests also require that it was built
 (an install that silently fell back to Python would otherwise pass everything and run slower)."""
@@ -14,9 +14,9 @@ import pytest
 from sgl_moe.router.request import block_hash, word_pieces
 
 try:
-    from sgl_moe.router.request import _page_hash
+    from sgl_moe.router.request import native_page_hash
 except ImportError:
-    _page_hash = None
+    native_page_hash = None
 
 HAVE_CC = any(shutil.which(cc) for cc in ("cc", "gcc", "clang"))
 needs_native = pytest.mark.skipif(not (block_hash.NATIVE and word_pieces.NATIVE),
@@ -32,11 +32,11 @@ def test_the_extensions_were_built_where_a_compiler_is():
 
 # -- page hashes ----------------------------------------------------------------------------------------------------
 def _backends():
-    if _page_hash is None:
+    if native_page_hash is None:
         return []
     names = ["portable"]
     try:
-        _page_hash.set_backend("openssl")
+        native_page_hash.set_backend("openssl")
         names.append("openssl")
     except RuntimeError:
         pass
@@ -48,8 +48,8 @@ def _backends():
 def test_page_hash_chain_equals_the_python_reference(backend):
     if backend not in _backends():
         pytest.skip("no libcrypto to open")
-    before = _page_hash.backend()
-    _page_hash.set_backend(backend)
+    before = native_page_hash.backend()
+    native_page_hash.set_backend(backend)
     try:
         rng = random.Random(backend)
         seeds = [None, b"", block_hash.salt_seed("tenant-7"), b"x" * 7, b"y" * 64]
@@ -57,30 +57,30 @@ def test_page_hash_chain_equals_the_python_reference(backend):
             page = rng.choice([1, 2, 3, 16, 32, 64, 100])
             ids = [rng.choice([0, 1, 2**31, 2**32 - 1, rng.randrange(2**32)]) for _ in range(rng.randrange(0, 700))]
             seed = rng.choice(seeds)
-            got = _page_hash.block_hash_chain(ids, page, seed)
+            got = native_page_hash.block_hash_chain(ids, page, seed)
             want = block_hash.block_hash_chain_py(ids, page, seed)
             assert got == want, (page, len(ids), seed)
             if len(ids) < page:
                 assert got[1] is seed  # nothing hashed: the seed as given, None stays None
     finally:
-        _page_hash.set_backend(before)
+        native_page_hash.set_backend(before)
 
 
 @needs_native
 def test_portable_sha256_matches_hashlib_on_every_length_around_its_block_edges():
     """The portable SHA-256 through the chain's first page (no seed): lengths 4..260 bytes cross the 55/56/64-byte
     padding edges."""
-    before = _page_hash.backend()
-    _page_hash.set_backend("portable")
+    before = native_page_hash.backend()
+    native_page_hash.set_backend("portable")
     try:
         for n in range(1, 66):
             ids = list(range(1000, 1000 + n))
-            [h], digest = _page_hash.block_hash_chain(ids, n)
+            [h], digest = native_page_hash.block_hash_chain(ids, n)
             data = b"".join(i.to_bytes(4, "little") for i in ids)
             assert digest == hashlib.sha256(data).digest(), n
             assert h == int.from_bytes(digest[:8], "big", signed=True)
     finally:
-        _page_hash.set_backend(before)
+        native_page_hash.set_backend(before)
 
 
 @needs_native
@@ -91,14 +91,14 @@ def test_page_hash_refuses_what_the_reference_refuses(ids, error):
     with pytest.raises(error):
         block_hash.block_hash_chain_py(ids, 2)
     with pytest.raises(error):
-        _page_hash.block_hash_chain(ids, 2)
+        native_page_hash.block_hash_chain(ids, 2)
 
 
 @needs_native
 def test_page_hash_refuses_a_page_size_below_one():
     for page in (0, -3):
         with pytest.raises(ValueError, match="page_size must be positive"):
-            _page_hash.block_hash_chain([1, 2], page)
+            native_page_hash.block_hash_chain([1, 2], page)
 
 
 # -- word pieces ----------------------------------------------------------------------------------------------------
@@ -149,20 +149,20 @@ def test_word_pieces_lookup_equals_the_python_reference(share):
     kept, words = _tables(rng, texts, share)
     ids_of = {p: [rng.randrange(50_000) for _ in range(rng.randint(1, 3))] for t in texts for p in _pieces(t)}
     for text in texts:
-        got = _finish(word_pieces._word_pieces.lookup(text, kept, words), ids_of)
+        got = _finish(word_pieces.native_word_pieces.lookup(text, kept, words), ids_of)
         want = _finish(word_pieces.lookup_py(text, kept, words), ids_of)
         assert got == want, repr(text)
         assert got[2] == len(_pieces(text))
-        native_found = word_pieces._word_pieces.lookup(text, kept, words)
+        native_found = word_pieces.native_word_pieces.lookup(text, kept, words)
         if native_found[1] is not None:
             filled = list(native_found[0])
             for j, piece in zip(native_found[1], native_found[2]):
                 filled[j] = ids_of[piece]
-            assert word_pieces._word_pieces.join(filled) == got[0]
+            assert word_pieces.native_word_pieces.join(filled) == got[0]
 
 
 @needs_native
 def test_word_pieces_join_refuses_a_hole():
     with pytest.raises(TypeError):
-        word_pieces._word_pieces.join([[1], None])
-    assert word_pieces._word_pieces.join([]) == []
+        word_pieces.native_word_pieces.join([[1], None])
+    assert word_pieces.native_word_pieces.join([]) == []

@@ -143,6 +143,6 @@ static PyMethodDef methods[] = {
     {NULL, NULL, 0, NULL},
 };
 
-static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_word_pieces", NULL, -1, methods};
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "native_word_pieces", NULL, -1, methods};
 
-PyMODINIT_FUNC PyInit__word_pieces(void) { return PyModule_Create(&module); }
+PyMODINIT_FUNC PyInit_native_word_pieces(void) { return PyModule_Create(&module); }

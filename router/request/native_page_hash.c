@@ -226,9 +226,9 @@ static PyMethodDef methods[] = {
     {NULL, NULL, 0, NULL},
 };
 
-static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_page_hash", NULL, -1, methods};
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "native_page_hash", NULL, -1, methods};
 
-PyMODINIT_FUNC PyInit__page_hash(void) {
+PyMODINIT_FUNC PyInit_native_page_hash(void) {
     /* The libcrypto hashlib uses is already loaded in most processes; dlopen returns it (or loads it). */
     const char *names[] = {"libcrypto.so.3", "libcrypto.so.1.1", "libcrypto.so", "libcrypto.dylib", NULL};
     for (int i = 0; names[i] != NULL && ossl_final == NULL; i++) {
