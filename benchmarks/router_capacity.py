@@ -577,6 +577,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--log-dir", type=Path, default=Path(".work/logs/router_capacity"))
     parser.add_argument("--out", type=Path, help="write every figure as JSON")
     args = parser.parse_args(argv)
+    args.log_dir = args.log_dir.resolve()  # a --baseline router runs from its own checkout: its files land here too
     for name in ("requests", "concurrency", "repeats", "stand_ins"):
         if getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be positive, got {getattr(args, name)}")
