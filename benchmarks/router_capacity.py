@@ -9,7 +9,13 @@ Smallest run (about a minute; what CI runs): ``--prompt-tokens 200 --shapes shar
 
 The routers, each started fresh for every (stream, repeat), in front of the same 4 stand-in workers
 (``StandInWorker(per_token_s=0, step_s=0)`` of ``sgl_moe.policy_bench.standin``, answering at once without
-tokenizing, served from a child process of this script so their CPU is nobody's router's):
+tokenizing, served from a child process of this script so their CPU is nobody's router's). With ``--kv-events``
+(the default) each stand-in keeps a cache of ``STAND_IN_EVENTS_POOL_TOKENS`` and publishes the pages a request
+sent as token ids stores and evicts, through SGLang's own ``ZmqEventPublisher``, as a worker started by
+``sgl_moe.launch_server`` does: sgl_moe's router then keeps its committed table from the events and retires its
+promises when their blocks are reported stored, as in front of real workers. ``--no-kv-events``: no events, so
+every promise lives out the router's ``--pending-ttl-s`` (the testbed of the figures before 2026-11-28's
+twentieth session). sglang-router reads no events either way.
 
 * ``sgl_moe``: ``python -m sgl_moe.router`` with its default policy ``longest_block_match`` (and
   ``--front-processes N`` for each N > 1 of ``--front-processes``; a router that refuses it is reported
@@ -87,6 +93,9 @@ ZIPF_S = 1.1
 CONTEXT_LENGTH = 4096
 """The stand-ins' context length (``StandInFleet``): a prompt plus its one new token must fit."""
 STAND_IN_POOL_TOKENS = 4096
+STAND_IN_EVENTS_POOL_TOKENS = 262_144
+"""Each stand-in's cache with ``--kv-events``: 16,384 pages, the order of a GPU worker's KV pool for a mid-size model
+(the shared streams' 40 prefixes fit; the unique streams evict about as many pages as they store)."""
 DIRECT = "direct to stand-in"
 
 
@@ -241,12 +250,13 @@ def build_stream(filler: Filler, shape: str, tokens: int, warmup: int, requests:
 
 # -- stand-ins in a child process ---------------------------------------------------------------------------------
 
-def _serve_stand_ins(n: int, conn) -> None:
+def _serve_stand_ins(n: int, kv_events: bool, conn) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent stops us
     try:
         from sgl_moe.policy_bench.standin import StandInFleet
 
-        fleet = StandInFleet(n, STAND_IN_POOL_TOKENS, per_token_s=0.0, step_s=0.0, tokenize=False).start()
+        pool = STAND_IN_EVENTS_POOL_TOKENS if kv_events else STAND_IN_POOL_TOKENS
+        fleet = StandInFleet(n, pool, per_token_s=0.0, step_s=0.0, tokenize=False, kv_events=kv_events).start()
     except Exception as exc:  # noqa: BLE001 - reported by the parent as one line
         conn.send(("error", f"{type(exc).__name__}: {exc}"))
         return
@@ -259,10 +269,10 @@ def _serve_stand_ins(n: int, conn) -> None:
 
 
 class StandIns:
-    def __init__(self, n: int):
+    def __init__(self, n: int, kv_events: bool = False):
         ctx = multiprocessing.get_context("spawn")
         self._conn, child = ctx.Pipe()
-        self.proc = ctx.Process(target=_serve_stand_ins, args=(n, child), daemon=True, name="stand-ins")
+        self.proc = ctx.Process(target=_serve_stand_ins, args=(n, kv_events, child), daemon=True, name="stand-ins")
         self.urls: list[str] = []
 
     def start(self, timeout: float = 120.0) -> StandIns:
@@ -390,10 +400,29 @@ async def run_router(spec: RouterSpec, stand_ins: StandIns, stream: Stream, conc
             raise BenchError(f"{spec.label} did not start: {reason} (log: {log})") from None
         owner = router.top_cpu_seconds if spec.front_processes > 1 else None
         counter = callgrind.Counter(router.pid, counted) if counted else None
-        return {"available": True, **await measure(router.url, stream, concurrency, router.cpu_times, stand_ins,
-                                                   owner, counter)}
+        out = {"available": True, **await measure(router.url, stream, concurrency, router.cpu_times, stand_ins,
+                                                  owner, counter)}
+        if spec.engine == "sgl_moe":
+            out["tables"] = await block_tables(router.url)
+        return out
     finally:
         router.stop()
+
+
+async def block_tables(url: str) -> dict | None:
+    """sgl_moe's tables at the end of a run, summed over its workers (``GET /workers``): committed and pending
+    blocks, and the blocks its KV events reported stored and removed (the testbed's state, not a cost)."""
+    import aiohttp
+
+    try:
+        async with aiohttp.ClientSession() as session, session.get(f"{url}/workers", timeout=10) as resp:
+            workers = (await resp.json())["workers"]
+    except Exception:  # noqa: BLE001 - a diagnostic only
+        return None
+    return {"committed_blocks": sum(w["committed_blocks"] for w in workers),
+            "pending_blocks": sum(w["pending_blocks"] for w in workers),
+            "events_stored": sum(w["counters"]["events_stored"] for w in workers),
+            "events_removed": sum(w["counters"]["events_removed"] for w in workers)}
 
 
 def _last_log_line(path: Path) -> str | None:
@@ -490,8 +519,11 @@ async def run_all(args, specs: list[RouterSpec], streams: list[Stream], stand_in
 def _progress(r: dict) -> str:
     cpu = f"CPU {r['cpu_ms_per_request']:.3f} ms/req  " if "cpu_ms_per_request" in r else ""
     lat = r["latencies_ms"]
+    t = r.get("tables")
+    tables = (f"  tables: {t['committed_blocks']:,} committed, {t['pending_blocks']:,} pending blocks "
+              f"({t['events_stored']:,} stored by events)" if t else "")
     return (f"{cpu}{r['req_per_s']:7.1f} req/s  p50 {pct(lat, 0.5):7.1f} ms  p99 {pct(lat, 0.99):7.1f} ms  "
-            f"{r['errors'] + r['warmup_errors']} errors")
+            f"{r['errors'] + r['warmup_errors']} errors{tables}")
 
 
 def ratios(rows: list[dict], specs: list[RouterSpec], streams: list[Stream], key: str = "cpu_ms_per_request"
@@ -566,6 +598,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--front-processes", nargs="+", type=int, default=[1],
                         help="sgl_moe's router once per N (``--front-processes N`` passed only when N > 1)")
     parser.add_argument("--stand-ins", type=int, default=4)
+    parser.add_argument("--kv-events", action=argparse.BooleanOptionalAction, default=True,
+                        help="the stand-ins keep a cache and publish its KV events, as sgl_moe's workers do "
+                             "(default); --no-kv-events: none, every promise of sgl_moe's router lives out its TTL")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--baseline", type=Path, metavar="DIR",
                         help="a checkout of sgl_moe (e.g. `git worktree add DIR <commit>`) whose router runs as "
@@ -644,10 +679,11 @@ def _main(args: argparse.Namespace, argv: list[str] | None) -> int:
             s = streams[-1].summary()
             print(f"stream {streams[-1].name}: {s['warmup']} + {s['requests']} prompts of {s['tokens_min']}-"
                   f"{s['tokens_max']} tokens (built in {time.perf_counter() - t0:.1f} s)", file=sys.stderr, flush=True)
-    stand_ins = StandIns(args.stand_ins)
+    stand_ins = StandIns(args.stand_ins, args.kv_events)
     try:
         stand_ins.start()
-        print(f"{args.stand_ins} stand-in workers; {len(specs)} routers x {len(streams)} streams x {args.repeats} "
+        print(f"{args.stand_ins} stand-in workers ({'publishing KV events' if args.kv_events else 'no KV events'}); "
+              f"{len(specs)} routers x {len(streams)} streams x {args.repeats} "
               f"repeats, {args.warmup} + {args.requests} requests each at concurrency {args.concurrency}",
               file=sys.stderr, flush=True)
         result = asyncio.run(run_all(args, specs, streams, stand_ins))
@@ -663,6 +699,7 @@ def _main(args: argparse.Namespace, argv: list[str] | None) -> int:
            "config": {"routers": [s.label for s in specs], "prompt_tokens": args.prompt_tokens,
                       "shapes": args.shapes, "requests": args.requests, "warmup": args.warmup,
                       "concurrency": args.concurrency, "repeats": args.repeats, "stand_ins": args.stand_ins,
+                      "kv_events": args.kv_events,
                       "front_processes": args.front_processes, "seed": args.seed,
                       "sampling_params": StreamUnit("", "", "", 0).body()["sampling_params"],
                       "latency": "client latency p50/p99 per router; direct = the same stream straight to a stand-in;"

@@ -3,9 +3,11 @@
 Each stand-in answers what the routers under test ask of a worker (``/health``, ``/sgl_moe/info`` with the
 shipped model's tokenizer and FLOPs, ``/generate``, ``/flush_cache``) and keeps a page-granular LRU prefix
 cache of bounded size, so ``cached_tokens`` in its answers depends on placement. Its latency is a linear
-function of the tokens it computes, one batch at a time. It publishes no KV events (the router sees only
-its own pending blocks). Figures measured against stand-ins say nothing about real performance: the smoke
-run checks that every scenario runs every router and reports, nothing more.
+function of the tokens it computes, one batch at a time. By default it publishes no KV events (the router sees
+only its own pending blocks); with ``kv_events`` it publishes, through SGLang's own ``ZmqEventPublisher``, the
+pages each request stores and evicts in its cache, as a worker started by ``sgl_moe.launch_server`` does.
+Figures measured against stand-ins say nothing about real performance: the smoke run checks that every scenario
+runs every router and reports, nothing more.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import asyncio
 import json
 import logging
 import threading
+import time
 import uuid
 from collections import OrderedDict
 from dataclasses import dataclass, field
@@ -42,11 +45,19 @@ class StandInWorker:
     """False: answer without tokenizing or hashing (``prompt_tokens`` is the length of ``input_ids``, or of
     the text / 4; ``cached_tokens`` 0), so a text prompt (sglang-router's) costs the stand-in no more than
     token ids (sgl_moe's): for measuring what sits in front of the worker (benchmarks/router_capacity.py)."""
+    kv_events: bool = False
+    """Publish KV events with SGLang's ``ZmqEventPublisher`` (on loopback, with its replay socket) and declare them
+    in ``/sgl_moe/info``: a request sent as ``input_ids`` stores its pages in the cache (``BlockStored`` for the new
+    ones, ``BlockRemoved`` for the pages that made room), ``/flush_cache`` clears it (``AllBlocksCleared``). So the
+    router's committed table and its promises' retirement work as in front of real workers. Needs SGLang (its
+    import takes seconds: it loads torch)."""
 
     def __post_init__(self) -> None:
         self._cache: OrderedDict[int, None] = OrderedDict()
         self._waiting: list[tuple[int, asyncio.Future]] = []
         self._wake: asyncio.Event | None = None
+        self._events = None
+        """The ``ZmqEventPublisher`` (``kv_events``), made by ``publish_events``."""
 
     @property
     def url(self) -> str:
@@ -62,12 +73,49 @@ class StandInWorker:
             hit += 1
         return hit
 
-    def _store(self, hashes: list[int]) -> None:
+    def _store(self, hashes: list[int]) -> list[int]:
+        """The pages enter the cache (the youngest); returns the oldest pages evicted to make room."""
+        cache = self._cache
         for h in hashes:
-            self._cache[h] = None
-            self._cache.move_to_end(h)
-        while len(self._cache) * PAGE > self.pool_tokens:
-            self._cache.popitem(last=False)
+            cache[h] = None
+            cache.move_to_end(h)
+        evicted = []
+        while len(cache) * PAGE > self.pool_tokens:
+            evicted.append(cache.popitem(last=False)[0])
+        return evicted
+
+    # -- KV events -------------------------------------------------------------------------------------------
+    def publish_events(self) -> dict:
+        """Start the publisher (loopback, any free ports); returns its ``WorkerInfo.kv_events`` entry."""
+        from sglang.srt.disaggregation.kv_events import ZmqEventPublisher
+
+        self._events = ZmqEventPublisher(attn_dp_rank=0, endpoint="tcp://127.0.0.1:*",
+                                         replay_endpoint="tcp://127.0.0.1:*", topic="kv", bind=True)
+        described = self._events.describe_local_source(block_size=PAGE)
+        return {"dp_rank": 0, "endpoint": described["endpoint"], "replay_endpoint": described["replay_endpoint"],
+                "topic": described["topic"]}
+
+    def stop_events(self) -> None:
+        if self._events is not None:
+            self._events.shutdown()
+            self._events = None
+
+    def _cache_prompt(self, ids: list[int], hashes: list[int], hit: int) -> None:
+        """The prompt's pages enter the cache (its first ``hit`` were there); with ``kv_events``, what the cache
+        gained and lost is published, evictions first (a prefill makes room before it stores)."""
+        evicted = self._store(hashes)
+        if self._events is None:
+            return
+        from sglang.srt.disaggregation.kv_events import BlockRemoved, BlockStored, KVEventBatch
+
+        events = []
+        if evicted:
+            events.append(BlockRemoved(block_hashes=evicted))
+        if hit < len(hashes):
+            events.append(BlockStored(block_hashes=hashes[hit:], parent_block_hash=hashes[hit - 1] if hit else None,
+                                      token_ids=ids[hit * PAGE:len(hashes) * PAGE], block_size=PAGE, lora_id=None))
+        if events:
+            self._events.publish(KVEventBatch(ts=time.time(), events=events, attn_dp_rank=0))
 
     # -- compute: one batch at a time, every waiting request in it -----------------------------------------
     async def _compute_loop(self) -> None:
@@ -98,19 +146,28 @@ class StandInWorker:
             body = await request.json()
             if not self.tokenize:
                 n = len(body["input_ids"]) if "input_ids" in body else max(1, len(body.get("text") or "") // 4)
+                if self._events is not None and "input_ids" in body:  # (sgl_moe's requests; the pages are hashed)
+                    ids = body["input_ids"]
+                    hashes = block_hashes(ids, PAGE, None)
+                    self._cache_prompt(ids, hashes, self._match(hashes))
                 await self._compute(n)
                 return web.json_response({"text": "", "meta_info": {"prompt_tokens": n, "cached_tokens": 0,
                                                                    "completion_tokens": 1}})
             ids = body["input_ids"] if "input_ids" in body else tok.encode(body["text"])  # sgl_moe sends ids
             hashes = block_hashes(ids, PAGE, None)
-            cached = min(self._match(hashes) * PAGE, (len(ids) - 1) // PAGE * PAGE)
+            hit = self._match(hashes)
+            cached = min(hit * PAGE, (len(ids) - 1) // PAGE * PAGE)
             await self._compute(len(ids) - cached)
-            self._store(hashes)
+            self._cache_prompt(ids, hashes, self._match(hashes))
             return web.json_response({"text": "", "meta_info": {"prompt_tokens": len(ids), "cached_tokens": cached,
                                                                "completion_tokens": 1}})
 
         async def flush(request: web.Request) -> web.Response:
             self._cache.clear()
+            if self._events is not None:
+                from sglang.srt.disaggregation.kv_events import AllBlocksCleared, KVEventBatch
+
+                self._events.publish(KVEventBatch(ts=time.time(), events=[AllBlocksCleared()], attn_dp_rank=0))
             return web.Response(text="ok")
 
         async def health(request: web.Request) -> web.Response:
@@ -167,7 +224,8 @@ class StandInFleet:
             w._wake = asyncio.Event()
             self._tasks.append(self._loop.create_task(w._compute_loop()))
             info = {"model_name": "stand-in", "model_path": "stand-in", "page_size": PAGE, "dp_size": 1,
-                    "context_length": 4096, "kv_events": [], "flops": flops.to_dict(),
+                    "context_length": 4096, "kv_events": [w.publish_events()] if w.kv_events else [],
+                    "flops": flops.to_dict(),
                     "tokenizer": {"tokenizer_json_url": "/sgl_moe/tokenizer.json",
                                   "tokenizer_config_url": "/sgl_moe/tokenizer_config.json"},
                     "saturation": {"flops": flops.request_flops(0, 4096), "source": "stand-in: one 4096-token step",
@@ -185,6 +243,8 @@ class StandInFleet:
                 task.cancel()
             for r in self._runners:
                 await r.cleanup()
+            for w in self.workers:
+                w.stop_events()
 
         try:
             asyncio.run_coroutine_threadsafe(_stop(), self._loop).result(30)

@@ -3,7 +3,8 @@
 sgl_moe's router and sglang-router ``round_robin`` (sglang-router's quickest start; ``cache_aware`` is started by
 the same ``RouterUnderTest`` code path), 200 measured requests (sglang-router's CPU for 40 fell inside one of the
 kernel's 10 ms ticks on a loaded host: 0.0), one repeat, in front of instant stand-in workers.
-The figures are checked for presence and sanity, never for speed."""
+The figures are checked for presence and sanity, never for speed; the stand-ins' KV events (on by default) are
+checked to reach sgl_moe's router, and to be absent with ``--no-kv-events``."""
 
 import json
 import shutil
@@ -50,6 +51,15 @@ def test_smallest_run_reports_router_cpu_per_request_for_every_router_and_stream
             assert r["added_p50_ms"] == r["p50_ms"] - r["direct_p50_ms"], (router, stream, r)
     # No cache_aware in this run: no ratio to it.
     assert result["cpu_ratio_vs_cache_aware"] == {}
+    # The stand-ins published KV events (the default): sgl_moe's committed table was fed by them, and its promises
+    # were retired as their blocks were reported stored rather than living out the 10 s TTL.
+    assert result["config"]["kv_events"] is True
+    for stream in STREAMS:
+        [run] = rows[("sgl_moe longest_block_match", stream)]["repeats"]
+        t = run["tables"]
+        assert t["events_stored"] > 0 and t["committed_blocks"] > 0, (stream, t)
+        assert t["pending_blocks"] < t["events_stored"], (stream, t)
+    assert "stored by events" in proc.stderr
 
     # What a user reads: a markdown table on stdout, one progress line per run on stderr.
     assert proc.stdout.startswith("| stream | router | CPU ms/req | user / kernel ms/req |")
@@ -65,11 +75,15 @@ def test_front_processes_rows_report_the_placement_owner_cpu_and_its_bound(tmp_p
     # 200 requests: the owner's share (~0.1-0.2 ms each) must span several of the kernel's 10 ms CPU ticks
     proc = _run("--prompt-tokens", "50", "--shapes", "shared", "--requests", "200", "--warmup", "0",
                 "--concurrency", "4", "--repeats", "1", "--routers", "sgl_moe", "--front-processes", "1", "2",
-                "--baseline", str(REPO), "--log-dir", str(tmp_path / "logs"), "--out", str(out))
+                "--baseline", str(REPO), "--no-kv-events", "--log-dir", str(tmp_path / "logs"), "--out", str(out))
     assert proc.returncode == 0, proc.stderr[-3000:]
     rows = {r["router"]: r for r in json.loads(out.read_text())["rows"]}
     assert rows["sgl_moe longest_block_match"]["cpu_ms_per_request"] > 0
     assert "owner_cpu_ms_per_request" not in rows["sgl_moe longest_block_match"]
+    # --no-kv-events: nothing reported stored, so the promises of the run are all still pending (10 s TTL)
+    [run] = rows["sgl_moe longest_block_match"]["repeats"]
+    assert run["tables"]["events_stored"] == 0 == run["tables"]["committed_blocks"], run["tables"]
+    assert run["tables"]["pending_blocks"] > 0, run["tables"]
     two = rows["sgl_moe longest_block_match --front-processes 2"]
     assert two["available"] and two["errors"] == 0 and two["warmup_errors"] == 0, two
     assert 0 < two["owner_cpu_ms_per_request"] < two["cpu_ms_per_request"], two

@@ -1,0 +1,69 @@
+"""A stand-in worker's KV events (``StandInWorker(kv_events=True)``): what it publishes through SGLang's own
+``ZmqEventPublisher``, read back with a plain ZMQ subscriber and the router's decoder."""
+
+from __future__ import annotations
+
+import json
+import time
+import urllib.request
+
+import zmq
+
+from sgl_moe.policy_bench.standin import PAGE, StandInFleet
+from sgl_moe.router.membership.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, decode_frames
+from sgl_moe.router.request.block_hash import block_hashes
+
+
+def _post(url: str, path: str, body: dict | None = None) -> None:
+    req = urllib.request.Request(url + path, data=json.dumps(body or {}).encode(), method="POST",
+                                 headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=10) as resp:
+        assert resp.status == 200
+
+
+def _info(url: str) -> dict:
+    with urllib.request.urlopen(url + "/sgl_moe/info", timeout=10) as resp:
+        return json.loads(resp.read())
+
+
+def test_stand_in_publishes_the_pages_it_stores_evicts_and_clears():
+    """A cache of 4 pages: a 3-page prompt is stored whole; a second, different one evicts the 2 oldest pages
+    first and stores its 3 (its partial last page is not a block); the first prompt again, its first page evicted,
+    is stored whole; a flush clears everything."""
+    fleet = StandInFleet(1, 4 * PAGE, per_token_s=0.0, step_s=0.0, tokenize=False, kv_events=True).start()
+    ctx = zmq.Context()
+    sub = ctx.socket(zmq.SUB)
+    try:
+        [worker] = fleet.workers
+        [described] = _info(worker.url)["kv_events"]
+        assert described["dp_rank"] == 0 and described["replay_endpoint"] and described["topic"] == "kv"
+        sub.setsockopt(zmq.SUBSCRIBE, b"")
+        sub.connect(described["endpoint"])
+        time.sleep(0.3)  # PUB/SUB: a subscriber joins late (the router asks the replay socket; this test waits)
+
+        a = list(range(1000, 1000 + 3 * PAGE))
+        b = list(range(5000, 5000 + 3 * PAGE + 5))
+        ha, hb = block_hashes(a, PAGE), block_hashes(b, PAGE)
+        _post(worker.url, "/generate", {"input_ids": a})
+        _post(worker.url, "/generate", {"input_ids": b})
+        _post(worker.url, "/generate", {"input_ids": a})  # a[0] still cached: a[1:] are stored again
+        _post(worker.url, "/flush_cache")
+
+        batches = []
+        while len(batches) < 4 and sub.poll(5000):
+            batches.append(decode_frames(sub.recv_multipart())[1])
+        assert [b.seq for b in batches] == [0, 1, 2, 3]
+        first, second, third, flushed = (b.events for b in batches)
+        assert first == [BlockStored(block_hashes=ha, parent_block_hash=None, token_ids=a, block_size=PAGE)]
+        assert second == [BlockRemoved(block_hashes=ha[:2]),
+                          BlockStored(block_hashes=hb, parent_block_hash=None, token_ids=b[:3 * PAGE],
+                                      block_size=PAGE)]
+        # the cache held ha[2], hb[0..2]; a's lookup stops at ha[0] (evicted): all 3 pages are stored (ha[2] again,
+        # now the youngest), and room for the 2 new ones evicts the 2 oldest, hb[0] and hb[1]
+        assert third == [BlockRemoved(block_hashes=[hb[0], hb[1]]),
+                         BlockStored(block_hashes=ha, parent_block_hash=None, token_ids=a, block_size=PAGE)]
+        assert flushed == [AllBlocksCleared()]
+    finally:
+        sub.close(0)
+        ctx.term()
+        fleet.stop()
