@@ -71,11 +71,12 @@ class KvEventSink:
             return
         worker.last_progress = time.monotonic()
         stored = False
+        gained: list[int] = []
         for event in batch.events:
             if isinstance(event, BlockStored):
                 if event.lora_name is not None or event.lora_id is not None:
                     continue  # adapter namespace: not routed with affinity (see block_hash)
-                self.index.store(slot, event.block_hashes)
+                gained += self.index.store(slot, event.block_hashes)
                 worker.counters.events_stored += len(event.block_hashes)
                 stored = True
             elif isinstance(event, BlockRemoved):
@@ -87,7 +88,7 @@ class KvEventSink:
                 log.info("worker %s rank %d cleared its cache: dropped %d committed blocks",
                          worker.id, source.dp_rank, dropped)
         if stored:
-            self.ledger.on_stored(slot)
+            self.ledger.on_stored(slot, gained)
             self.on_change()  # queued requests may wait for exactly these blocks
 
     def on_reset(self, source: EventSource, reason: str) -> None:

@@ -1,7 +1,11 @@
 """Committed/pending tables and the longest-prefix match over all targets."""
 
+import random
+
+import pytest
+
 from sgl_moe.router.placement.block_index import BlockIndex
-from sgl_moe.router.placement.pending import PendingLedger
+from sgl_moe.router.placement.pending import PendingLedger, Promise
 
 
 def _mask(*slots):
@@ -70,13 +74,11 @@ def test_ledger_retires_after_completion_and_store():
     a = ix.add_target()
     ledger = PendingLedger(ix, ttl_s=10)
     p = ledger.promise("r1", a, [1, 2])
-    ix.store(a, [1])
-    ledger.on_stored(a)
+    ledger.on_stored(a, ix.store(a, [1]))
     assert ix.sizes(a) == (1, 2)  # not completed yet
     ledger.complete(p, now=100.0)
     assert ix.sizes(a) == (1, 2)  # completed, block 2 not yet stored
-    ix.store(a, [2])
-    ledger.on_stored(a)
+    ledger.on_stored(a, ix.store(a, [2]))
     assert ix.sizes(a) == (2, 0)
     assert ledger.stats.retired_stored == 1
 
@@ -93,3 +95,95 @@ def test_ledger_ttl_and_failure():
     q = ledger.promise("r2", a, [7])
     ledger.fail(q)
     assert ix.sizes(a) == (0, 0) and ledger.stats.retired_failed == 1
+
+
+class _CheckEveryWaiter:
+    """The rule the ledger keeps, written the slow way (its implementation before 2026-11-28): after every stored
+    batch, every completed promise of the target is retired if all its blocks are committed."""
+
+    def __init__(self, ix: BlockIndex, ttl_s: float) -> None:
+        self.ix, self.ttl_s, self.waiting, self.retired = ix, ttl_s, [], set()
+
+    def complete(self, p, now):
+        p.completed_at = now
+        if self.ix.all_committed(p.slot, p.keys):
+            self._retire(p)
+        else:
+            self.waiting.append(p)
+
+    def on_stored(self, slot):
+        for p in [p for p in self.waiting if p.slot == slot and self.ix.all_committed(slot, p.keys)]:
+            self.waiting.remove(p)
+            self._retire(p)
+
+    def expire(self, now):
+        for p in [p for p in self.waiting if now - p.completed_at >= self.ttl_s]:
+            self.waiting.remove(p)
+            self._retire(p)
+
+    def _retire(self, p):
+        self.ix.retire(p.slot, p.keys)
+        self.retired.add(p.rid)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_ledger_retires_exactly_when_checking_every_waiter_after_every_batch_would(seed):
+    """Random promises, completions, failures, stored batches (with the same block twice, or stored and removed in
+    one batch), evictions, resets and TTL expiries on two targets: the ledger (waiters woken by the blocks a batch
+    stored) retires the same promises at the same step as checking every waiter after every batch, and leaves the
+    same tables."""
+    rng = random.Random(seed)
+    ix, ref_ix = BlockIndex(), BlockIndex()
+    slots = [ix.add_target() for _ in range(2)]
+    assert slots == [ref_ix.add_target() for _ in range(2)]
+    ledger, ref = PendingLedger(ix, ttl_s=50), _CheckEveryWaiter(ref_ix, ttl_s=50)
+    retired: set[str] = set()
+
+    class Seen:
+        def promised(self, p):
+            pass
+
+        def retired(self, p):
+            retired.add(p.rid)
+
+    ledger.observer = Seen()
+    running, pool = [], list(range(30))
+    for step in range(3000):
+        op, slot, now = rng.random(), rng.choice(slots), float(step)
+        if op < 0.25:
+            keys = [rng.choice(pool) for _ in range(rng.randint(0, 6))]
+            p = ledger.promise(f"r{step}", slot, keys)
+            q = Promise(p.rid, slot, keys)
+            ref_ix.promise(slot, keys)
+            running.append((p, q))
+        elif op < 0.45 and running:
+            p, q = running.pop(rng.randrange(len(running)))
+            if rng.random() < 0.1:
+                ledger.fail(p)
+                ref._retire(q)
+            else:
+                ledger.complete(p, now=now)
+                ref.complete(q, now)
+        elif op < 0.75:
+            batch = [rng.choice(pool) for _ in range(rng.randint(1, 8))]
+            gained = ix.store(slot, batch)
+            ref_ix.store(slot, batch)
+            if rng.random() < 0.2:  # a removal in the same batch, after the store
+                gone = rng.sample(batch, 1)
+                ix.remove(slot, gone)
+                ref_ix.remove(slot, gone)
+            ledger.on_stored(slot, gained)
+            ref.on_stored(slot)
+        elif op < 0.93:
+            gone = rng.sample(pool, rng.randint(1, 4))
+            ix.remove(slot, gone)
+            ref_ix.remove(slot, gone)
+        elif op < 0.96:
+            ix.clear_committed(slot)
+            ref_ix.clear_committed(slot)
+        else:
+            ledger.expire(now=now)
+            ref.expire(now)
+        assert retired == ref.retired, step
+        assert [ix.sizes(s) for s in slots] == [ref_ix.sizes(s) for s in slots], step
+    assert len(retired) > 100  # the sequence retired promises both ways (stored and TTL), not only by failure

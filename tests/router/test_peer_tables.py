@@ -137,8 +137,7 @@ def test_this_routers_promises_and_retirements_reach_the_observer():
     b.sched.release(first, ok=False)  # failed: retired at once
     b.sched.release(second, ok=True)  # completed, not yet stored: retired when stored (or by the TTL)
     assert seen == [("promised", 0, [1, 2]), ("promised", 1, [5, 6]), ("retired", 0)]
-    b.index.store(second.slot, [5, 6])
-    b.ledger.on_stored(second.slot)
+    b.ledger.on_stored(second.slot, b.index.store(second.slot, [5, 6]))
     assert seen[-1] == ("retired", 1)
 
 

@@ -77,8 +77,7 @@ def run_and_store(sched, index, ledger, keys=KEYS):
     """Place and finish a request holding ``keys``; its worker stores them. Returns its placement."""
     placed = sched.try_place(Job(rid="a", prompt_lens=[16 * PAGE + 3], keys=[keys]))
     sched.release(placed, ok=True)
-    index.store(placed.slot, keys)
-    ledger.on_stored(placed.slot)
+    ledger.on_stored(placed.slot, index.store(placed.slot, keys))
     return placed
 
 

@@ -113,8 +113,7 @@ def run_history(sched, index, ledger, clock, seed, steps=2500, no_affinity=0.0, 
             p = live.pop(rng.randrange(len(live)))
             sched.release(p, ok=rng.random() < 0.95)
             if p.promise is not None and rng.random() < 0.8:
-                index.store(p.slot, p.promise.keys)
-                ledger.on_stored(p.slot)
+                ledger.on_stored(p.slot, index.store(p.slot, p.promise.keys))
         elif op < 0.9:
             w = rng.choice(list(pool.workers.values()))
             pre = rng.choice(prefixes)
