@@ -9,12 +9,15 @@ A *target* is one worker's attention-DP rank (one KV cache). Per target:
 
 The index maps each hash to a bitmask of the targets holding it in either table, so the longest
 prefix match over all targets is one dictionary lookup and a few integer operations per block,
-whatever the number of workers (seed 000 §7.2).
+whatever the number of workers (seed 000 §7.2). The loops over a request's blocks are ``block_tables``' (in C
+where it was built).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+
+from sgl_moe.router.placement import block_tables
 
 
 class BlockIndex:
@@ -50,31 +53,11 @@ class BlockIndex:
     # -- committed table (KV events) ----------------------------------------------------------
     def store(self, slot: int, hashes: Iterable[int]) -> list[int]:
         """Commit ``hashes``; returns those the committed table gained (not already there)."""
-        committed, pending = self._committed[slot], self._pending[slot]
-        gained = [h for h in hashes if h not in committed]
-        committed.update(gained)
-        bit, index = 1 << slot, self._index
-        get = index.get
-        for h in gained:
-            if h not in pending:  # (a pending block already has the target's bit)
-                index[h] = get(h, 0) | bit
-        return gained
+        return block_tables.store(self._committed[slot], self._pending[slot], self._index, 1 << slot, hashes)
 
     def remove(self, slot: int, hashes: Iterable[int]) -> list[int]:
         """Uncommit ``hashes``; returns those the committed table lost (it held them)."""
-        committed, pending = self._committed[slot], self._pending[slot]
-        lost = [h for h in hashes if h in committed]
-        committed.difference_update(lost)
-        index, keep = self._index, ~(1 << slot)
-        get = index.get
-        for h in lost:
-            if h not in pending:  # (``_drop_bit``, inlined: evictions remove blocks by the million)
-                mask = get(h, 0) & keep
-                if mask:
-                    index[h] = mask
-                else:
-                    index.pop(h, None)
-        return lost
+        return block_tables.remove(self._committed[slot], self._pending[slot], self._index, ~(1 << slot), hashes)
 
     def clear_committed(self, slot: int) -> int:
         """Empty the committed table; returns how many blocks it held."""
@@ -96,16 +79,7 @@ class BlockIndex:
     # -- pending table (routed requests) -----------------------------------------------------
     def promise(self, slot: int, hashes: Iterable[int]) -> list[int]:
         """One more promise of each hash; returns those the pending table gained (first promise there)."""
-        pending, bit, index = self._pending[slot], 1 << slot, self._index
-        get, get_index = pending.get, index.get
-        gained = []
-        for h in hashes:
-            n = get(h, 0)
-            pending[h] = n + 1
-            if not n:
-                index[h] = get_index(h, 0) | bit
-                gained.append(h)
-        return gained
+        return block_tables.promise(self._pending[slot], self._index, 1 << slot, hashes)
 
     def retire(self, slot: int, hashes: Iterable[int]) -> list[int] | None:
         """Drop one promise of each hash (the request that made it finished or failed); returns the hashes the
@@ -113,19 +87,7 @@ class BlockIndex:
         pending = self._pending.get(slot)
         if pending is None:  # target removed meanwhile
             return None
-        committed = self._committed[slot]
-        get = pending.get
-        dropped = []
-        for h in hashes:
-            n = get(h, 0)
-            if n > 1:
-                pending[h] = n - 1
-            elif n == 1:
-                del pending[h]
-                if h not in committed:
-                    self._drop_bit(slot, h)
-                    dropped.append(h)
-        return dropped
+        return block_tables.retire(pending, self._committed[slot], self._index, ~(1 << slot), hashes)
 
     # -- queries -----------------------------------------------------------------------------
     def match(self, hashes: Sequence[int], slots_mask: int) -> dict[int, int]:
@@ -141,22 +103,7 @@ class BlockIndex:
     def match_groups(self, hashes: Sequence[int], slots_mask: int) -> list[tuple[int, int]]:
         """The same match as groups: ``(matched_blocks, mask of the targets that matched exactly that many)``,
         longest first, each with at least one block; the masks are disjoint."""
-        groups: list[tuple[int, int]] = []
-        live = slots_mask
-        get = self._index.get
-        for i, h in enumerate(hashes):
-            have = get(h, 0) & live
-            if have != live:
-                if i:
-                    groups.append((i, live ^ have))  # the targets that dropped out here (``have`` is within ``live``)
-                live = have
-                if not live:
-                    break
-        else:
-            if live and hashes:
-                groups.append((len(hashes), live))
-        groups.reverse()
-        return groups
+        return block_tables.match_groups(self._index, hashes, slots_mask)
 
     def holders(self, h: int) -> int:
         """Mask of the targets holding block ``h`` (committed or pending); hook: the simulator's memo reads it."""
@@ -164,13 +111,7 @@ class BlockIndex:
 
     def committed_prefix(self, slot: int, hashes: Sequence[int]) -> int:
         """Leading blocks of ``hashes`` in the target's committed table alone."""
-        committed = self._committed[slot]
-        n = 0
-        for h in hashes:
-            if h not in committed:
-                break
-            n += 1
-        return n
+        return block_tables.committed_prefix(self._committed[slot], hashes)
 
     def sizes(self, slot: int) -> tuple[int, int]:
         """(committed blocks, pending blocks) of a target."""

@@ -197,6 +197,74 @@ fail:
     return NULL;
 }
 
+static PyObject *block_hash_chain_bytes(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    /* The chain over ids already laid out as uint32 little-endian bytes (the simulator's stream makes them so):
+       every full page of ``data`` hashed, trailing bytes left alone; the same answer as ``block_hash_chain``. */
+    if (nargs < 2 || nargs > 3) {
+        PyErr_SetString(PyExc_TypeError, "block_hash_chain_bytes(data, page_size, seed=None)");
+        return NULL;
+    }
+    PyObject *seed = nargs == 3 ? args[2] : Py_None;
+    Py_ssize_t page = PyLong_AsSsize_t(args[1]);
+    if (page == -1 && PyErr_Occurred())
+        return NULL;
+    if (page <= 0)
+        return PyErr_Format(PyExc_ValueError, "page_size must be positive, got %zd", page);
+    const char *seed_bytes = NULL;
+    Py_ssize_t seed_len = 0;
+    if (seed != Py_None && PyBytes_AsStringAndSize(seed, (char **)&seed_bytes, &seed_len) < 0)
+        return NULL;
+    Py_buffer view;
+    if (PyObject_GetBuffer(args[0], &view, PyBUF_SIMPLE) < 0)
+        return NULL;
+    size_t step = 4 * (size_t)page;
+    Py_ssize_t pages = view.len / (Py_ssize_t)step;
+    PyObject *hashes = PyList_New(pages);
+    unsigned char *buf = PyMem_Malloc((size_t)(seed_len > 32 ? seed_len : 32) + step);
+    if (hashes == NULL || buf == NULL) {
+        if (buf == NULL)
+            PyErr_NoMemory();
+        goto fail;
+    }
+    unsigned char digest[32];
+    const unsigned char *data = view.buf;
+    for (Py_ssize_t p = 0; p < pages; p++) {
+        unsigned char *w = buf;
+        if (p > 0) {
+            memcpy(w, digest, 32);
+            w += 32;
+        } else if (seed_len > 0) {
+            memcpy(w, seed_bytes, (size_t)seed_len);
+            w += seed_len;
+        }
+        memcpy(w, data + (size_t)p * step, step);
+        sha256(buf, (size_t)(w - buf) + step, digest);
+        uint64_t first = 0;
+        for (int i = 0; i < 8; i++)
+            first = first << 8 | digest[i];
+        PyObject *h = PyLong_FromLongLong((long long)first);
+        if (h == NULL)
+            goto fail;
+        PyList_SET_ITEM(hashes, p, h);
+    }
+    PyMem_Free(buf);
+    PyBuffer_Release(&view);
+    PyObject *last = pages > 0 ? PyBytes_FromStringAndSize((const char *)digest, 32) : Py_NewRef(seed);
+    if (last == NULL) {
+        Py_DECREF(hashes);
+        return NULL;
+    }
+    PyObject *out = PyTuple_Pack(2, hashes, last);
+    Py_DECREF(hashes);
+    Py_DECREF(last);
+    return out;
+fail:
+    PyMem_Free(buf);
+    Py_XDECREF(hashes);
+    PyBuffer_Release(&view);
+    return NULL;
+}
+
 static PyObject *set_backend(PyObject *self, PyObject *arg) {
     /* For the tests: "openssl" or "portable"; answers the backend now in use. */
     const char *name = PyUnicode_AsUTF8(arg);
@@ -221,6 +289,8 @@ static PyObject *backend(PyObject *self, PyObject *unused) {
 static PyMethodDef methods[] = {
     {"block_hash_chain", (PyCFunction)(void (*)(void))block_hash_chain, METH_FASTCALL,
      "block_hash_chain(token_ids, page_size, seed=None) -> (hashes, digest): block_hash.block_hash_chain in C."},
+    {"block_hash_chain_bytes", (PyCFunction)(void (*)(void))block_hash_chain_bytes, METH_FASTCALL,
+     "block_hash_chain_bytes(data, page_size, seed=None) -> (hashes, digest): the chain over uint32 LE bytes."},
     {"set_backend", set_backend, METH_O, "set_backend('openssl' | 'portable') -> the backend in use."},
     {"backend", backend, METH_NOARGS, "The SHA-256 in use: 'openssl' or 'portable'."},
     {NULL, NULL, 0, NULL},

@@ -32,11 +32,29 @@ Chain = tuple[list[int], bytes, bytes | None]
 
 _LITTLE = sys.byteorder == "little"
 
+try:
+    from sgl_moe.router.request.native_page_hash import block_hash_chain_bytes as native_chain
+except ImportError:  # no C compiler at install
+    native_chain = None
+
 
 def chain_bytes(chain: Chain, data: bytes, page: int) -> Chain:
     """``chain`` continued over the token ids in ``data`` (uint32 little-endian, as SGLang hashes them):
     the router's ``block_hash_chain`` on bytes, with no array conversions (the stream hashes millions of
-    pages; ``tests/simulator/test_parts`` checks the hashes are the router's)."""
+    pages; ``tests/simulator/test_parts`` checks the hashes are the router's). The pages are hashed by the
+    router's C extension where it was built (``native_page_hash.block_hash_chain_bytes``), else in Python."""
+    if native_chain is None:
+        return chain_bytes_py(chain, data, page)
+    hashes, tail, digest = chain
+    if tail:
+        data = tail + data
+    full = len(data) // (page * 4) * (page * 4)
+    new, last = native_chain(data, page, digest)
+    return (hashes + new if new else hashes), data[full:], last
+
+
+def chain_bytes_py(chain: Chain, data: bytes, page: int) -> Chain:
+    """``chain_bytes`` in Python (its reference in the tests; what runs without the C extension)."""
     hashes, tail, digest = chain
     if tail:
         data = tail + data

@@ -196,9 +196,12 @@ def test_h100_preset_matches_the_physics_notes():
     assert 5_000 < t_star < 40_000
 
 
-def test_chain_bytes_is_the_routers_hash_chain_across_partial_pages():
-    from sgl_moe.simulator.units import chain_bytes
+@pytest.mark.parametrize("name", ["chain_bytes", "chain_bytes_py"])
+def test_chain_bytes_is_the_routers_hash_chain_across_partial_pages(name):
+    """Both the function the stream calls (C pages where built) and its Python reference."""
+    from sgl_moe.simulator import units
 
+    chain_bytes = getattr(units, name)
     ids = array.array("I", range(7_000_000, 7_000_000 + 203))
     chain = ([], b"", None)
     for cut in (5, 16, 37, 40, 99, 150, 203):  # pieces that end mid-page and on a page boundary
