@@ -411,7 +411,9 @@ async def run_router(spec: RouterSpec, stand_ins: StandIns, stream: Stream, conc
 
 async def block_tables(url: str) -> dict | None:
     """sgl_moe's tables at the end of a run, summed over its workers (``GET /workers``): committed and pending
-    blocks, and the blocks its KV events reported stored and removed (the testbed's state, not a cost)."""
+    blocks, the blocks its KV events reported stored and removed, and the event streams' gaps (lost batches) and
+    resets (a table emptied: lost batches not replayed, or a listener connecting) (the testbed's state, not a
+    cost)."""
     import aiohttp
 
     try:
@@ -422,7 +424,9 @@ async def block_tables(url: str) -> dict | None:
     return {"committed_blocks": sum(w["committed_blocks"] for w in workers),
             "pending_blocks": sum(w["pending_blocks"] for w in workers),
             "events_stored": sum(w["counters"]["events_stored"] for w in workers),
-            "events_removed": sum(w["counters"]["events_removed"] for w in workers)}
+            "events_removed": sum(w["counters"]["events_removed"] for w in workers),
+            "event_gaps": sum(e["gaps"] for w in workers for e in w["events"]),
+            "event_resets": sum(e["resets"] for w in workers for e in w["events"])}
 
 
 def _last_log_line(path: Path) -> str | None:
@@ -521,7 +525,8 @@ def _progress(r: dict) -> str:
     lat = r["latencies_ms"]
     t = r.get("tables")
     tables = (f"  tables: {t['committed_blocks']:,} committed, {t['pending_blocks']:,} pending blocks "
-              f"({t['events_stored']:,} stored by events)" if t else "")
+              f"({t['events_stored']:,} stored by events; {t['event_gaps']} gaps, {t['event_resets']} resets)"
+              if t else "")
     return (f"{cpu}{r['req_per_s']:7.1f} req/s  p50 {pct(lat, 0.5):7.1f} ms  p99 {pct(lat, 0.99):7.1f} ms  "
             f"{r['errors'] + r['warmup_errors']} errors{tables}")
 
