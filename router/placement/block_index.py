@@ -43,6 +43,10 @@ class BlockIndex:
         self._pending[slot] = {}
         return slot
 
+    def has_target(self, slot: int) -> bool:
+        """Whether the slot was added and not removed."""
+        return slot in self._committed
+
     def remove_target(self, slot: int) -> None:
         """Forget the target entirely."""
         self.clear_committed(slot)

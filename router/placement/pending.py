@@ -74,6 +74,11 @@ class PendingLedger:
 
     def complete(self, p: Promise, now: float | None = None) -> None:
         p.completed_at = time.monotonic() if now is None else now
+        if not self.index.has_target(p.slot):  # its worker was removed while the request ran: tables purged
+            p.retired = True
+            if self.observer is not None:
+                self.observer.retired(p)
+            return
         if not self._retire_or_wait(p):
             waiting = self._awaiting_store.get(p.slot)
             if waiting is None:

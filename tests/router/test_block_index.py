@@ -83,6 +83,24 @@ def test_ledger_retires_after_completion_and_store():
     assert ledger.stats.retired_stored == 1
 
 
+def test_a_request_that_ends_after_its_worker_was_removed_settles_without_error():
+    """``DELETE /workers/{id}`` (or a scale-down) while requests run there: the target's tables are purged at once;
+    the requests' promises, completed or failed later, touch nothing (a KeyError here reached the client before)."""
+    ix = BlockIndex()
+    a, b = ix.add_target(), ix.add_target()
+    ledger = PendingLedger(ix, ttl_s=5)
+    done, failed, other = ledger.promise("r1", a, [1, 2]), ledger.promise("r2", a, [3]), ledger.promise("r3", b, [1])
+    ix.remove_target(a)
+    ledger.forget_slot(a)
+    ledger.complete(done, now=1.0)
+    ledger.fail(failed)
+    assert done.retired and failed.retired and not ix.has_target(a)
+    assert ledger.expire(now=100.0) == 0 and ix.sizes(b) == (0, 1)  # the other worker's promise is untouched
+    ledger.complete(other, now=100.0)
+    ledger.on_stored(b, ix.store(b, [1]))
+    assert other.retired and ix.sizes(b) == (1, 0)
+
+
 def test_ledger_ttl_and_failure():
     ix = BlockIndex()
     a = ix.add_target()
