@@ -181,11 +181,19 @@ def test_lost_event_batches_are_recovered_through_replay(cluster, router_factory
 
 
 def test_saturated_workers_queue_requests_and_lose_none(cluster, router_factory):
-    # Θ far below one request's cost: each worker runs one request at a time, the rest wait in the queue.
+    # Θ far below one request's cost: each worker runs one request at a time, the rest wait in the queue. The ten
+    # are sent at one instant (a barrier) and are long enough to overlap: sent as the pool's threads came up, on a
+    # loaded CI host some arrived after earlier ones had finished, and only 4 queued.
     router = router_factory(cluster, "--saturation-flops", "1000")
-    texts = [unique_text(60) for _ in range(10)]
-    with cf.ThreadPoolExecutor(10) as pool:
-        responses = list(pool.map(lambda t: generate(router.url, t), texts))
+    texts = [unique_text(300) for _ in range(10)]
+    start = threading.Barrier(len(texts))
+
+    def send(text: str) -> httpx.Response:
+        start.wait(30)
+        return generate(router.url, text)
+
+    with cf.ThreadPoolExecutor(len(texts)) as pool:
+        responses = list(pool.map(send, texts))
     assert [r.status_code for r in responses] == [200] * 10
     state = workers_state(router)
     assert all(w["peak_inflight_requests"] == 1 for w in state.values()), state
