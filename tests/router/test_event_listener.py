@@ -188,37 +188,42 @@ def test_in_order_delivery_with_exact_events(publisher):
 def test_a_backlog_is_delivered_in_chunks_while_other_tasks_keep_the_loop_busy(publisher):
     """Batches that have piled up are read and delivered up to ``_CHUNK`` a turn of the event loop, not one: on a
     busy router (every turn full of requests, each finished request a batch from its worker) one batch a turn fell
-    behind, 2.3 s at 700 requests/s, and the tables with it. Here 600 batches wait in the socket while a task
-    takes a turn of the loop each time it runs: delivering them takes a few turns, not hundreds."""
+    behind, 2.3 s at 700 requests/s, and the tables with it. Here 600 batches are published while the loop is
+    blocked, then another task takes a turn each time it runs: between two of its turns the listener delivers many
+    batches at once (one at most before), and delivers them all, in order."""
     pub, sink = publisher(), RecordingSink()
 
-    async def body() -> int:
+    async def body() -> list[int]:
         async with _listening(_source(pub), sink) as listener:
             await _until(lambda: listener.stats.replays == 1)
             first = await _warm_up(pub, listener, limit=40)
             n = first + 600
             busy = asyncio.Event()
-            turns = 0
+            per_turn: list[int] = []
 
             async def other_requests() -> None:
-                nonlocal turns
+                await busy.wait()
+                seen = len(sink.calls)
                 while True:
-                    await busy.wait()
-                    turns += 1
                     await asyncio.sleep(0)
+                    per_turn.append(len(sink.calls) - seen)
+                    seen = len(sink.calls)
 
             ticker = asyncio.create_task(other_requests())
             for i in range(first, n):
                 pub.publish(_batch(i))
-            time.sleep(0.5)  # the loop blocked: they all arrive in the socket meanwhile, none delivered
+            deadline = time.monotonic() + 10  # the loop blocked while the publisher's thread sends them all
+            while not pub._event_queue.empty() and time.monotonic() < deadline:
+                time.sleep(0.02)
+            time.sleep(0.3)
             busy.set()
-            await _until(lambda: listener.stats.last_seq == n - 1)
+            await _until(lambda: listener.stats.last_seq == n - 1, timeout_s=30)
             ticker.cancel()
             _assert_exact(sink, range(n))
-            return turns
+            return per_turn
 
-    turns = asyncio.run(body())
-    assert turns < 60, f"{turns} turns of the loop to deliver 600 waiting batches"
+    per_turn = asyncio.run(body())
+    assert max(per_turn) >= 50, f"at most {max(per_turn)} batches delivered between two turns of another task"
 
 
 def test_connect_replay_rebuilds_state_published_before_connecting(publisher, caplog):
