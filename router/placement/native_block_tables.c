@@ -186,72 +186,49 @@ static PyObject *filter_committed(PyObject *committed, PyObject *seq, int want_i
     return out;
 }
 
-/* store(committed, pending, index, bit, hashes) -> gained */
-static PyObject *store(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+/* store (storing) or remove: the hashes the committed table gains (not in it) or loses (in it), membership read
+   before any change; then the table changes, and the index for each one not also pending (a pending block keeps the
+   target's bit either way). ``mask`` is bit for a store, keep for a removal. */
+static PyObject *commit(PyObject *const *args, Py_ssize_t nargs, int storing) {
     if (nargs != 5) {
-        PyErr_SetString(PyExc_TypeError, "store(committed, pending, index, bit, hashes)");
+        PyErr_SetString(PyExc_TypeError, storing ? "store(committed, pending, index, bit, hashes)"
+                                                 : "remove(committed, pending, index, keep, hashes)");
         return NULL;
     }
-    PyObject *committed = args[0], *pending = args[1], *index = args[2], *bit = args[3];
+    PyObject *committed = args[0], *pending = args[1], *index = args[2], *mask = args[3];
     if (check_types(pending, committed, index) < 0)
         return NULL;
     PyObject *seq = PySequence_Fast(args[4], "hashes must be iterable");
     if (seq == NULL)
         return NULL;
-    PyObject *gained = filter_committed(committed, seq, 0);
+    PyObject *changed = filter_committed(committed, seq, !storing);
     Py_DECREF(seq);
-    if (gained == NULL)
+    if (changed == NULL)
         return NULL;
-    Py_ssize_t n = PyList_GET_SIZE(gained);
+    Py_ssize_t n = PyList_GET_SIZE(changed);
     for (Py_ssize_t i = 0; i < n; i++) {
-        PyObject *h = PyList_GET_ITEM(gained, i);
-        if (PySet_Add(committed, h) < 0)
+        PyObject *h = PyList_GET_ITEM(changed, i);
+        if ((storing ? PySet_Add(committed, h) : PySet_Discard(committed, h)) < 0)
             goto fail;
     }
     for (Py_ssize_t i = 0; i < n; i++) {
-        PyObject *h = PyList_GET_ITEM(gained, i);
+        PyObject *h = PyList_GET_ITEM(changed, i);
         int promised = PyDict_Contains(pending, h);
-        if (promised < 0 || (!promised && index_set_bit(index, h, bit) < 0))
+        if (promised < 0 || (!promised && (storing ? index_set_bit(index, h, mask)
+                                                   : index_drop_bit(index, h, mask)) < 0))
             goto fail;
     }
-    return gained;
+    return changed;
 fail:
-    Py_DECREF(gained);
+    Py_DECREF(changed);
     return NULL;
 }
 
+/* store(committed, pending, index, bit, hashes) -> gained */
+static PyObject *store(PyObject *self, PyObject *const *args, Py_ssize_t nargs) { return commit(args, nargs, 1); }
+
 /* remove(committed, pending, index, keep, hashes) -> lost */
-static PyObject *remove_(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 5) {
-        PyErr_SetString(PyExc_TypeError, "remove(committed, pending, index, keep, hashes)");
-        return NULL;
-    }
-    PyObject *committed = args[0], *pending = args[1], *index = args[2], *keep = args[3];
-    if (check_types(pending, committed, index) < 0)
-        return NULL;
-    PyObject *seq = PySequence_Fast(args[4], "hashes must be iterable");
-    if (seq == NULL)
-        return NULL;
-    PyObject *lost = filter_committed(committed, seq, 1);
-    Py_DECREF(seq);
-    if (lost == NULL)
-        return NULL;
-    Py_ssize_t n = PyList_GET_SIZE(lost);
-    for (Py_ssize_t i = 0; i < n; i++) {
-        if (PySet_Discard(committed, PyList_GET_ITEM(lost, i)) < 0)
-            goto fail;
-    }
-    for (Py_ssize_t i = 0; i < n; i++) {
-        PyObject *h = PyList_GET_ITEM(lost, i);
-        int promised = PyDict_Contains(pending, h);
-        if (promised < 0 || (!promised && index_drop_bit(index, h, keep) < 0))
-            goto fail;
-    }
-    return lost;
-fail:
-    Py_DECREF(lost);
-    return NULL;
-}
+static PyObject *remove_(PyObject *self, PyObject *const *args, Py_ssize_t nargs) { return commit(args, nargs, 0); }
 
 static int append_group(PyObject *groups, Py_ssize_t blocks, PyObject *mask) {
     PyObject *n = PyLong_FromSsize_t(blocks);

@@ -112,23 +112,35 @@ static int token_id(PyObject *item, uint32_t *out) {
     return 0;
 }
 
-static PyObject *block_hash_chain(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+/* The page size and seed of a chain call (``f(data, page_size, seed=None)``); -1 with an exception set. */
+static int chain_args(PyObject *const *args, Py_ssize_t nargs, const char *usage, Py_ssize_t *page, PyObject **seed,
+                      const char **seed_bytes, Py_ssize_t *seed_len) {
     if (nargs < 2 || nargs > 3) {
-        PyErr_SetString(PyExc_TypeError, "block_hash_chain(token_ids, page_size, seed=None)");
-        return NULL;
+        PyErr_SetString(PyExc_TypeError, usage);
+        return -1;
     }
-    PyObject *seed = nargs == 3 ? args[2] : Py_None;
-    Py_ssize_t page = PyLong_AsSsize_t(args[1]);
-    if (page == -1 && PyErr_Occurred())
-        return NULL;
-    if (page <= 0)
-        return PyErr_Format(PyExc_ValueError, "page_size must be positive, got %zd", page);
-    const char *seed_bytes = NULL;
-    Py_ssize_t seed_len = 0;
-    if (seed != Py_None) {
-        if (PyBytes_AsStringAndSize(seed, (char **)&seed_bytes, &seed_len) < 0)
-            return NULL;
+    *seed = nargs == 3 ? args[2] : Py_None;
+    *page = PyLong_AsSsize_t(args[1]);
+    if (*page == -1 && PyErr_Occurred())
+        return -1;
+    if (*page <= 0) {
+        PyErr_Format(PyExc_ValueError, "page_size must be positive, got %zd", *page);
+        return -1;
     }
+    *seed_bytes = NULL;
+    *seed_len = 0;
+    if (*seed != Py_None && PyBytes_AsStringAndSize(*seed, (char **)seed_bytes, seed_len) < 0)
+        return -1;
+    return 0;
+}
+
+static PyObject *block_hash_chain(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    Py_ssize_t page, seed_len;
+    PyObject *seed;
+    const char *seed_bytes;
+    if (chain_args(args, nargs, "block_hash_chain(token_ids, page_size, seed=None)", &page, &seed, &seed_bytes,
+                   &seed_len) < 0)
+        return NULL;
     PyObject *seq = PySequence_Fast(args[0], "token_ids must be a sequence of ints");
     if (seq == NULL)
         return NULL;
@@ -200,19 +212,11 @@ fail:
 static PyObject *block_hash_chain_bytes(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     /* The chain over ids already laid out as uint32 little-endian bytes (the simulator's stream makes them so):
        every full page of ``data`` hashed, trailing bytes left alone; the same answer as ``block_hash_chain``. */
-    if (nargs < 2 || nargs > 3) {
-        PyErr_SetString(PyExc_TypeError, "block_hash_chain_bytes(data, page_size, seed=None)");
-        return NULL;
-    }
-    PyObject *seed = nargs == 3 ? args[2] : Py_None;
-    Py_ssize_t page = PyLong_AsSsize_t(args[1]);
-    if (page == -1 && PyErr_Occurred())
-        return NULL;
-    if (page <= 0)
-        return PyErr_Format(PyExc_ValueError, "page_size must be positive, got %zd", page);
-    const char *seed_bytes = NULL;
-    Py_ssize_t seed_len = 0;
-    if (seed != Py_None && PyBytes_AsStringAndSize(seed, (char **)&seed_bytes, &seed_len) < 0)
+    Py_ssize_t page, seed_len;
+    PyObject *seed;
+    const char *seed_bytes;
+    if (chain_args(args, nargs, "block_hash_chain_bytes(data, page_size, seed=None)", &page, &seed, &seed_bytes,
+                   &seed_len) < 0)
         return NULL;
     Py_buffer view;
     if (PyObject_GetBuffer(args[0], &view, PyBUF_SIMPLE) < 0)
