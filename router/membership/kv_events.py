@@ -4,6 +4,11 @@ Payload: ``[ts, [event, ...], attn_dp_rank]``. Events are tagged msgpack maps
 (``{"type": "BlockStored", ...}``); older SGLang versions sent positional arrays
 (``["BlockStored", hashes, parent, token_ids, block_size, lora_id, medium]``). Both decode here.
 Unknown event types are kept as ``UnknownEvent`` so a newer worker never crashes the router.
+
+The tagged maps decode straight into the typed events below, and a field the router does not declare is
+skipped by the decoder without being built: above all ``token_ids`` (a store of 2,000 tokens carries 2,000
+ints the router never reads; building them was most of an event's cost). A payload the typed decoder
+refuses (the positional format, an unknown event type, a field of the wrong type) is decoded generically.
 """
 
 from __future__ import annotations
@@ -13,29 +18,23 @@ from typing import Any
 
 import msgspec
 
-from sgl_moe.router.request.block_hash import BlockHash
 
-
-@dataclass(frozen=True)
-class BlockStored:
-    block_hashes: list[BlockHash]
-    parent_block_hash: BlockHash | None
-    token_ids: list[int]
+class BlockStored(msgspec.Struct, frozen=True, kw_only=True, tag=True, gc=False):
+    block_hashes: list[int]
     block_size: int
+    parent_block_hash: int | None = None
     lora_id: int | None = None
     medium: str | None = None
     cache_salt: str | None = None
     lora_name: str | None = None
 
 
-@dataclass(frozen=True)
-class BlockRemoved:
-    block_hashes: list[BlockHash]
+class BlockRemoved(msgspec.Struct, frozen=True, kw_only=True, tag=True, gc=False):
+    block_hashes: list[int]
     medium: str | None = None
 
 
-@dataclass(frozen=True)
-class AllBlocksCleared:
+class AllBlocksCleared(msgspec.Struct, frozen=True, tag=True, gc=False):
     pass
 
 
@@ -61,7 +60,16 @@ class KVEventDecodeError(ValueError):
     """A message that is not a well-formed KV event batch."""
 
 
+class _TypedPayload(msgspec.Struct, array_like=True, gc=False):
+    ts: float
+    events: list[BlockStored | BlockRemoved | AllBlocksCleared]
+    attn_dp_rank: int | None = None
+
+
+_typed = msgspec.msgpack.Decoder(_TypedPayload)
 _decoder = msgspec.msgpack.Decoder()
+_POSITIONAL = {"BlockStored": ["block_hashes", "parent_block_hash", "token_ids", "block_size", "lora_id", "medium"],
+               "BlockRemoved": ["block_hashes", "medium"], "AllBlocksCleared": []}
 
 
 def _event(raw: Any) -> KVEvent:
@@ -70,26 +78,27 @@ def _event(raw: Any) -> KVEvent:
         fields = raw
     elif isinstance(raw, (list, tuple)) and raw and isinstance(raw[0], str):
         kind = raw[0]
-        names = {"BlockStored": ["block_hashes", "parent_block_hash", "token_ids", "block_size", "lora_id",
-                                 "medium"],
-                 "BlockRemoved": ["block_hashes", "medium"], "AllBlocksCleared": []}.get(kind, [])
-        fields = dict(zip(names, raw[1:]))
+        fields = dict(zip(_POSITIONAL.get(kind, []), raw[1:]))
     else:
         return UnknownEvent(type="?", raw=raw)
     if kind == "BlockStored":
         return BlockStored(
-            block_hashes=list(fields["block_hashes"]),
-            parent_block_hash=None if fields.get("parent_block_hash") is None
-            else BlockHash(fields["parent_block_hash"]),
-            token_ids=list(fields.get("token_ids") or []), block_size=int(fields["block_size"]),
-            lora_id=fields.get("lora_id"), medium=fields.get("medium"), cache_salt=fields.get("cache_salt"),
-            lora_name=fields.get("lora_name"),
+            block_hashes=[int(h) for h in fields["block_hashes"]],
+            parent_block_hash=None if fields.get("parent_block_hash") is None else int(fields["parent_block_hash"]),
+            block_size=int(fields["block_size"]), lora_id=fields.get("lora_id"), medium=fields.get("medium"),
+            cache_salt=fields.get("cache_salt"), lora_name=fields.get("lora_name"),
         )
     if kind == "BlockRemoved":
-        return BlockRemoved(block_hashes=list(fields["block_hashes"]), medium=fields.get("medium"))
+        return BlockRemoved(block_hashes=[int(h) for h in fields["block_hashes"]], medium=fields.get("medium"))
     if kind == "AllBlocksCleared":
         return AllBlocksCleared()
     return UnknownEvent(type=str(kind), raw=raw)
+
+
+def _decode_generic(payload: bytes) -> tuple[float, list[KVEvent], int | None]:
+    raw = _decoder.decode(payload)
+    ts, events = raw[0], raw[1]
+    return float(ts), [_event(e) for e in events], raw[2] if len(raw) > 2 else None
 
 
 def decode_frames(frames: list[bytes]) -> tuple[str, EventBatch]:
@@ -100,11 +109,12 @@ def decode_frames(frames: list[bytes]) -> tuple[str, EventBatch]:
     if len(seq_bytes) != 8:
         raise KVEventDecodeError(f"sequence frame must be 8 bytes, got {len(seq_bytes)}")
     try:
-        raw = _decoder.decode(payload)
-        ts, events = raw[0], raw[1]
-        dp_rank = raw[2] if len(raw) > 2 else None
-        batch = EventBatch(seq=int.from_bytes(seq_bytes, "big", signed=True), ts=float(ts),
-                           events=[_event(e) for e in events], dp_rank=dp_rank)
-    except (msgspec.DecodeError, IndexError, KeyError, TypeError, ValueError) as exc:
-        raise KVEventDecodeError(f"malformed KV event payload: {exc}") from None
+        typed = _typed.decode(payload)
+        ts, events, dp_rank = typed.ts, typed.events, typed.attn_dp_rank
+    except msgspec.DecodeError:  # ValidationError is one: the positional format, an unknown type, ...
+        try:
+            ts, events, dp_rank = _decode_generic(payload)
+        except (msgspec.DecodeError, IndexError, KeyError, TypeError, ValueError) as exc:
+            raise KVEventDecodeError(f"malformed KV event payload: {exc}") from None
+    batch = EventBatch(seq=int.from_bytes(seq_bytes, "big", signed=True), ts=ts, events=events, dp_rank=dp_rank)
     return topic.decode(errors="replace"), batch

@@ -229,7 +229,7 @@ class RouterFrontend:
         if removed:
             events.append(BlockRemoved(block_hashes=removed))
         if stored:
-            events.append(BlockStored(block_hashes=stored, parent_block_hash=None, token_ids=[], block_size=self.page))
+            events.append(BlockStored(block_hashes=stored, parent_block_hash=None, block_size=self.page))
         self.pool.events.on_batch(self.sources[wid], EventBatch(seq=next(self._seq), ts=self.timeline.now,
                                                                events=events, dp_rank=0))
 

@@ -4,10 +4,14 @@ import random
 import time
 
 import httpx
+import msgspec
 import zmq
+from sglang.srt.disaggregation.kv_events import KVEventBatch
 
 from sgl_moe.router.membership.kv_events import BlockStored, decode_frames
 from sgl_moe.router.request.block_hash import block_hashes
+
+_SGLANG_BATCH = msgspec.msgpack.Decoder(KVEventBatch)
 
 
 def _fresh_prompt(seed, length):
@@ -48,9 +52,11 @@ def test_block_stored_event_hashes_equal_the_router_hashes(worker):
     try:
         while time.time() < deadline and len(stored) < len(expected):
             if sub.poll(500):
-                _, batch = decode_frames(sub.recv_multipart())
-                for event in batch.events:
-                    if isinstance(event, BlockStored) and set(event.token_ids) <= set(ids):
+                frames = sub.recv_multipart()
+                _, batch = decode_frames(frames)
+                sent = _SGLANG_BATCH.decode(frames[2]).events  # SGLang's own types: the token ids say whose
+                for event, as_sent in zip(batch.events, sent, strict=True):
+                    if isinstance(event, BlockStored) and set(as_sent.token_ids) <= set(ids):
                         stored.append(event)
     finally:
         sub.close(linger=0)

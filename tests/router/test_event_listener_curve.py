@@ -88,7 +88,7 @@ def test_router_keys_read_replay_and_live_stream(curve_publisher, keys):
     assert seqs == list(range(len(seqs))) and len(seqs) > 10  # then the live stream, in order
     assert listener.stats.replays >= 1 and listener.stats.replay_failures == listener.stats.handshake_failures == 0
     stored = sink.batches[0].events[0]
-    assert isinstance(stored, BlockStored) and stored.token_ids == TOKENS
+    assert isinstance(stored, BlockStored) and stored.block_hashes == [7] and stored.block_size == 4
 
 
 @pytest.mark.parametrize("who, hint", [

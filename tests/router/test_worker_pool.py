@@ -85,7 +85,7 @@ def test_event_sink_stores_blocks_and_reports_capacity():
     p, changes = pool()
     w = p.admit("http://a", INFO)
     source = EventSource(worker_id=w.id, dp_rank=0, endpoint="tcp://a:1", replay_endpoint=None)
-    stored = BlockStored(block_hashes=[1, 2], parent_block_hash=None, token_ids=[], block_size=16)
+    stored = BlockStored(block_hashes=[1, 2], parent_block_hash=None, block_size=16)
     p.events.on_batch(source, EventBatch(seq=1, ts=0.0, events=[stored], dp_rank=0))
     assert p.index.committed_prefix(w.slots[0], [1, 2, 3]) == 2 and changes == [1]
     assert w.counters.events_stored == 2

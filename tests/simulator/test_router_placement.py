@@ -73,7 +73,7 @@ def replay(trace, sim, offline_all_at_zero):
             elif kind == "events":
                 _, t, wid, removed, stored = op
                 events = ([BlockRemoved(block_hashes=removed)] if removed else []) + (
-                    [BlockStored(block_hashes=stored, parent_block_hash=None, token_ids=[], block_size=16)]
+                    [BlockStored(block_hashes=stored, parent_block_hash=None, block_size=16)]
                     if stored else [])
                 seq += 1
                 pool.events.on_batch(sources[wid], EventBatch(seq=seq, ts=t, events=events, dp_rank=0))
