@@ -185,6 +185,37 @@ def test_a_wrong_rule_is_caught_by_the_sampled_check(tokenizers):
     assert memo.encode_batch([text + "x"])[0] == full(tok, [text + "x"]) and memo.tokens == 0
 
 
+def test_the_check_interval_doubles_after_clean_checks_and_still_catches_a_wrong_rule(tokenizers):
+    """32 clean checks at each interval, then twice the interval, up to the most; a wrong rule that shows only
+    later is caught within one interval at the most."""
+    from sgl_moe.router.request.prefix_memo import CHECKS_PER_DOUBLING
+
+    tok = tokenizers("shipped")
+    rule = tok.memo.rule
+    anything = CutRule("whole-text-bpe", frozenset(), {}, False, False, frozenset(), rule.added_pattern, 0, False)
+    memo = PrefixMemo(anything, tok.memo._encode_plain, tok.memo._encode_full, [], [], segment_chars=3,
+                      check_every=1, check_every_max=4)
+    letters = "abcdefghijklmnopqrstuvwxyz"
+    # no two share their first 3 characters (a segment): none is ever cut
+    unique = [f"{a}{b}{c} and more words" for a in letters for b in letters for c in "xyz"]
+    unique = unique[:CHECKS_PER_DOUBLING * 7 + 40]
+    seen = []
+    for text in unique:  # seen once each: encoded in one piece, so every check is clean
+        memo.encode_batch([text])
+        seen.append((memo.stats.checks, memo.check_every))
+    assert seen[CHECKS_PER_DOUBLING - 2] == (CHECKS_PER_DOUBLING - 1, 1)
+    assert seen[CHECKS_PER_DOUBLING - 1] == (CHECKS_PER_DOUBLING, 2)  # the 32nd clean check doubles it
+    assert seen[CHECKS_PER_DOUBLING * 3 - 1] == (CHECKS_PER_DOUBLING * 2, 4)
+    assert memo.check_every == 4 and memo.stats.checks == CHECKS_PER_DOUBLING * 3 + 10  # capped at the most
+    text = "Hello world, the cat sat on the mat. " * 4
+    sights = 0
+    while memo.enabled and sights < 6:  # from the second sight on, cut by the wrong rule
+        ids = memo.encode_batch([text])[0]
+        sights += 1
+    assert not memo.enabled and memo.stats.mismatches == 1 and sights <= 1 + 4
+    assert ids == full(tok, [text])
+
+
 def test_eviction_keeps_the_budget_and_the_ids(tokenizers):
     tok = tokenizers("qwen")
     memo = fresh(tok, segment_chars=16, budget_tokens=300)
