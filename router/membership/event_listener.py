@@ -87,11 +87,16 @@ class ListenerStats:
 
 @dataclass(frozen=True)
 class _Received:
-    """A decoded batch and a digest of its payload, which tells a replayed copy of a batch from a
-    restarted publisher's different batch under the same sequence number."""
+    """A decoded batch and its payload, whose digest tells a replayed copy of a batch from a restarted
+    publisher's different batch under the same sequence number (computed only when compared: most batches
+    never are)."""
 
     batch: EventBatch
-    digest: int
+    payload: bytes
+
+    @property
+    def digest(self) -> int:
+        return hash(self.payload)
 
 
 class EventListener:
@@ -116,7 +121,8 @@ class EventListener:
         self._who = f"worker {source.worker_id} rank {source.dp_rank}"
         self._last = -1
         """Sequence number of the last batch delivered since the last reset."""
-        self._last_digest: int | None = None
+        self._last_payload: bytes | None = None
+        """Payload of that batch."""
         self._replayed: dict[int, int] = {}
         """seq -> digest of batches delivered from a replay that the live stream has not passed yet."""
         self._backlog: deque[_Received] = deque()
@@ -254,7 +260,7 @@ class EventListener:
             return await self._fetch(sub, endpoint, 0)
         run, problem = await self._fetch(sub, endpoint, self._last)
         if run and run[0].batch.seq == self._last:
-            if run[0].digest == self._last_digest:
+            if run[0].payload == self._last_payload:
                 return run[1:], problem
             self._reset(f"publisher restarted (it replays a different batch as seq {self._last})")
             return await self._fetch(sub, endpoint, 0)
@@ -333,7 +339,7 @@ class EventListener:
                 logger.warning("%s: skipping a malformed message (%d so far): %s", self._who,
                                self.stats.decode_errors, exc)
             return None
-        return topic, _Received(batch, hash(frames[2]))
+        return topic, _Received(batch, frames[2])
 
     async def _deliver_run(self, run: list[_Received], *, replayed: bool) -> None:
         for i, received in enumerate(run, 1):
@@ -344,7 +350,7 @@ class EventListener:
     def _deliver(self, received: _Received, *, replayed: bool) -> None:
         batch = received.batch
         self.sink.on_batch(self.source, batch)
-        self._last, self._last_digest = batch.seq, received.digest
+        self._last, self._last_payload = batch.seq, received.payload
         if replayed:
             self._replayed[batch.seq] = received.digest
         self.stats.batches += 1
@@ -354,7 +360,7 @@ class EventListener:
 
     def _reset(self, reason: str) -> None:
         self.sink.on_reset(self.source, reason)
-        self._last, self._last_digest = -1, None
+        self._last, self._last_payload = -1, None
         self._replayed.clear()
         self.stats.resets += 1
         self.stats.last_seq = -1
