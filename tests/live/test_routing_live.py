@@ -6,6 +6,7 @@ import json
 import os
 import signal
 import threading
+import time
 import uuid
 from dataclasses import replace
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -159,6 +160,42 @@ def test_removed_worker_leaves_no_state_and_can_rejoin(cluster, router_factory):
     new_id = added.json()["id"]
     wait_until(lambda: workers_state(router)[new_id]["committed_blocks"] > 0, what="replayed table")
     assert httpx.post(f"{router.url}/workers", json={"url": url}, timeout=30).status_code == 409
+
+
+def test_a_worker_removed_while_it_runs_a_request_answers_it_and_the_queue_moves_on(cluster, router_factory):
+    """DELETE /workers/{id} while that worker runs a request and others wait in the queue: the running request is
+    answered by the removed worker (the router passes its answer on), the queued ones run on the worker left, and
+    nothing of the removed worker stays in the router's tables or counts."""
+    router = router_factory(cluster, "--saturation-flops", "1000")  # one request at a time per worker
+    texts = [unique_text(300) for _ in range(4)]
+    start = threading.Barrier(len(texts))
+    answered_at: dict[str, float] = {}
+
+    def send(text: str) -> httpx.Response:
+        start.wait(30)
+        resp = generate(router.url, text)
+        answered_at[text] = time.monotonic()
+        return resp
+
+    with cf.ThreadPoolExecutor(len(texts)) as pool:
+        futures = [pool.submit(send, t) for t in texts]
+        wait_until(lambda: any(w["inflight_requests"] for w in workers_state(router).values()),
+                   what="a request running")
+        wid = next(k for k, w in workers_state(router).items() if w["inflight_requests"])
+        removed = httpx.delete(f"{router.url}/workers/{wid}", timeout=10)
+        removed_at = time.monotonic()
+        responses = [f.result(300) for f in futures]
+    assert removed.json()["removed"] == wid
+    assert [r.status_code for r in responses] == [200] * 4, [r.text[:200] for r in responses]
+    by_removed = [t for t, r in zip(texts, responses) if r.headers["x-sgl-moe-worker"] == wid]
+    assert by_removed and any(answered_at[t] > removed_at for t in by_removed), "the request ended before the DELETE"
+    assert wid not in workers_state(router)
+    # (a promise retires when its worker's BlockStored events arrive, just after the answer)
+    wait_until(lambda: all(w["inflight_requests"] == 0 and w["inflight_flops"] == 0 and w["pending_blocks"] == 0
+                           for w in workers_state(router).values()), what="the worker left idle, nothing pending")
+    assert metric(router, "queued_requests") >= 1
+    again = generate(router.url, texts[0])
+    assert again.status_code == 200 and again.headers["x-sgl-moe-worker"] != wid
 
 
 def test_lost_event_batches_are_recovered_through_replay(cluster, router_factory):
