@@ -57,11 +57,11 @@ def test_block_stored_event_hashes_equal_the_router_hashes(worker):
                 sent = _SGLANG_BATCH.decode(frames[2]).events  # SGLang's own types: the token ids say whose
                 for event, as_sent in zip(batch.events, sent, strict=True):
                     if isinstance(event, BlockStored) and set(as_sent.token_ids) <= set(ids):
-                        stored.append(event)
+                        stored.append((event, as_sent.token_ids))
     finally:
         sub.close(linger=0)
-    hashes = [h for e in stored for h in e.block_hashes]
+    hashes = [h for e, _ in stored for h in e.block_hashes]
     assert hashes[: len(expected)] == expected
-    first = stored[0]
+    first, first_ids = stored[0]
     assert first.parent_block_hash is None and first.block_size == 16
-    assert first.token_ids[:16] == ids[:16]
+    assert first_ids[:16] == ids[:16]
