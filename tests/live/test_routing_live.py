@@ -314,10 +314,15 @@ def test_worker_killed_mid_request(cluster, router_factory):
     router = router_factory([cluster[0], victim], "--health-interval-s", "0.5", "--saturation-flops", "1e15")
     vid = by_url(router)[victim.url]["id"]
     try:
+        # The connect-time replay brings the earlier blocks and then the flush: until it has ended, blocks counted
+        # may be those, not the prefix's. (CI once saw the second request reach the victim only after the first had
+        # finished, as a request held on the first's promised prefix blocks would: this wait rules that out.)
+        wait_until(lambda: workers_state(router)[vid]["events"][0]["replays"] >= 1, what="connect replay")
+        before = workers_state(router)[vid]["committed_blocks"]
         prefix = unique_text(40)
         httpx.post(f"{victim.url}/generate", json={"text": prefix, "sampling_params": {"max_new_tokens": 1}},
                    timeout=60)  # the prefix lives on the victim only: the router sends its requests there
-        wait_until(lambda: workers_state(router)[vid]["committed_blocks"] > 0, what="victim blocks")
+        wait_until(lambda: workers_state(router)[vid]["committed_blocks"] > before, what="victim blocks")
         long_suffix = unique_text(500)
         with cf.ThreadPoolExecutor(2) as pool:
             prefill = pool.submit(generate, router.url, prefix + long_suffix)
