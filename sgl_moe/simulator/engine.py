@@ -32,7 +32,7 @@ from __future__ import annotations
 from collections import deque
 from typing import Protocol
 
-from sgl_moe.simulator.kv_cache import KVCacheModel
+from sgl_moe.simulator.kv_cache import new_kv_cache
 from sgl_moe.simulator.timeline import Timeline
 from sgl_moe.simulator.timing_model import Calibration
 from sgl_moe.simulator.units import SimUnit
@@ -79,7 +79,7 @@ class Engine:
         self.sink = sink
         self.shared = shared
         self.page = cal.page_size
-        self.cache = KVCacheModel(max(1, cal.cache_tokens // cal.page_size))
+        self.cache = new_kv_cache(max(1, cal.cache_tokens // cal.page_size))
         self.waiting: deque[SimUnit] = deque()
         self.chunked: SimUnit | None = None
         self.busy = False

@@ -8,12 +8,24 @@ cache likewise evicts leaves only).
 
 Capacity counts tree pages plus pages reserved for the tokens running requests still compute (SGLang
 allocates them from the same pool). Inserts and evictions are collected for the worker's KV events.
+
+``KVCacheModel`` is the model in Python. The C extension ``native_kv_cache`` (``native_kv_cache.c``, built at install)
+is the same model with the same methods and answers (``KVPages``), and ``new_kv_cache`` gives it when it was built;
+``KVCacheModel`` is also its reference in the tests (``tests/simulator/test_native_kv_cache.py``). ``NATIVE`` says
+which one runs.
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
 from itertools import islice
+
+try:
+    from sgl_moe.simulator import native_kv_cache
+except ImportError:  # no C compiler at install: the Python model below
+    native_kv_cache = None
+
+NATIVE = native_kv_cache is not None
 
 
 class KVCacheModel:
@@ -133,3 +145,10 @@ class KVCacheModel:
         removed, stored = self.removed, self.stored
         self.removed, self.stored = [], []
         return removed, stored
+
+
+def new_kv_cache(capacity_pages: int) -> KVCacheModel:
+    """A worker's KV cache model of ``capacity_pages`` pages: the C one when it was built, else ``KVCacheModel``."""
+    if native_kv_cache is not None:
+        return native_kv_cache.KVPages(capacity_pages)
+    return KVCacheModel(capacity_pages)
