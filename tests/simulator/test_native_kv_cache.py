@@ -97,26 +97,6 @@ def test_random_engine_like_sequences_give_the_same_answers_and_events(seed):
 
 
 @needs_native
-def test_the_documented_eviction_example_runs_the_same_in_c():
-    cache = kv_cache.native_kv_cache.KVPages(capacity_pages=6)
-    assert cache.reserve(3)
-    cache.insert([1, 2, 3])
-    cache.reserved -= 3
-    cache.unlock([1, 2, 3])       # released deepest first: 3 is the oldest, 1 the youngest
-    assert cache.reserve(2)
-    cache.insert([7, 8])
-    cache.reserved -= 2
-    assert cache.match([1, 2, 3, 4]) == 3
-    assert cache.reserve(3)       # two evictions: 3, then 2 (never 1 before its children)
-    assert cache.removed == [3, 2]
-    assert cache.match([1, 2, 3]) == 1
-    assert not cache.reserve(2)
-    cache.unlock([7, 8])
-    assert cache.take_events() == ([3, 2], [1, 2, 3, 7, 8])
-    assert cache.stored == [] and cache.removed == []
-
-
-@needs_native
 def test_misuse_raises_as_the_reference_does():
     ref, nat = _both(4)
     for c in (ref, nat):

@@ -6,7 +6,7 @@ import json
 import pytest
 
 from sgl_moe.router.request.block_hash import block_hash_chain, block_hashes
-from sgl_moe.simulator import Calibration, SimUnit, UnitStream, cpu_tiny, h100_30b, load
+from sgl_moe.simulator import Calibration, SimUnit, UnitStream, cpu_tiny, h100_30b, kv_cache, load
 from sgl_moe.simulator.engine import Engine, SharedCompute
 from sgl_moe.simulator.kv_cache import KVCacheModel
 from sgl_moe.simulator.timeline import Timeline
@@ -33,8 +33,11 @@ def test_hash_chain_continues_across_a_page_boundary():
     assert head + tail == block_hashes(ids, 16)
 
 
-def test_kv_cache_evicts_least_recent_leaves_first_and_respects_locks():
-    cache = KVCacheModel(capacity_pages=6)
+@pytest.mark.parametrize("model", ["python", "c"])
+def test_kv_cache_evicts_least_recent_leaves_first_and_respects_locks(model):
+    if model == "c" and not kv_cache.NATIVE:
+        pytest.skip("native_kv_cache was not built (no C compiler)")
+    cache = KVCacheModel(capacity_pages=6) if model == "python" else kv_cache.native_kv_cache.KVPages(6)
     assert cache.reserve(3)
     cache.insert([1, 2, 3])       # a chain 1 -> 2 -> 3, locked by its request
     cache.reserved -= 3
@@ -50,6 +53,7 @@ def test_kv_cache_evicts_least_recent_leaves_first_and_respects_locks():
     cache.unlock([7, 8])
     removed, stored = cache.take_events()
     assert stored == [1, 2, 3, 7, 8] and removed == [3, 2]
+    assert cache.stored == [] and cache.removed == []
 
 
 def test_engine_step_time_follows_the_calibration():
