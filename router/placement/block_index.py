@@ -9,8 +9,7 @@ A *target* is one worker's attention-DP rank (one KV cache). Per target:
 
 The index maps each hash to a bitmask of the targets holding it in either table, so the longest
 prefix match over all targets is one dictionary lookup and a few integer operations per block,
-whatever the number of workers (seed 000 §7.2). The loops over a request's blocks are ``block_tables``' (in C
-where it was built).
+whatever the number of workers (seed 000 §7.2). The tables are ``block_tables``' (in C where it was built).
 """
 
 from __future__ import annotations
@@ -23,75 +22,81 @@ from sgl_moe.router.placement import block_tables
 class BlockIndex:
     """Owns every target's committed and pending tables; targets are small integer slots.
 
+    The tables are ``block_tables``' (the C type where it was built; ``native`` False: the Python reference). The C
+    type holds slots 0-63 and signed 64-bit hashes: a 65th target, or a hash stored or promised past that range,
+    moves the tables to the Python ones once (``_to_python``), with the same contents and answers.
+
     Every mutation goes through ``add_target``, ``remove_target``, ``store``, ``remove``, ``clear_committed``,
     ``promise`` or ``retire``. Hook for the simulator: its ``LoggedBlockIndex`` overrides those methods (and
     ``match_groups``) to stamp and report each mutation, and reads ``holders``.
     """
 
-    def __init__(self) -> None:
-        self._committed: dict[int, set[int]] = {}
-        self._pending: dict[int, dict[int, int]] = {}
-        self._index: dict[int, int] = {}
-        self._next_slot = 0
+    def __init__(self, native: bool | None = None) -> None:
+        self._tables = block_tables.new_block_tables(native)
+
+    @property
+    def native(self) -> bool:
+        """Whether the C tables hold the blocks now."""
+        return not isinstance(self._tables, block_tables.BlockTablesPy)
+
+    def _to_python(self) -> None:
+        """Go on with the Python tables, holding what the C ones hold (a target or a hash past their limits)."""
+        self._tables = block_tables.BlockTablesPy.from_export(self._tables.export())
 
     # -- targets ---------------------------------------------------------------------------
     def add_target(self) -> int:
         """A new slot; slots are never reused, so a late retire for a removed target cannot touch another."""
-        slot = self._next_slot
-        self._next_slot += 1
-        self._committed[slot] = set()
-        self._pending[slot] = {}
-        return slot
+        try:
+            return self._tables.add_target()
+        except OverflowError:  # the C tables' 64 slots are used up
+            self._to_python()
+            return self._tables.add_target()
 
     def has_target(self, slot: int) -> bool:
         """Whether the slot was added and not removed."""
-        return slot in self._committed
+        return self._tables.has_target(slot)
 
     def remove_target(self, slot: int) -> None:
         """Forget the target entirely."""
-        self.clear_committed(slot)
-        for h in list(self._pending[slot]):
-            self._drop_bit(slot, h)
-        del self._committed[slot], self._pending[slot]
+        self._tables.remove_target(slot)
 
     # -- committed table (KV events) ----------------------------------------------------------
     def store(self, slot: int, hashes: Iterable[int]) -> list[int]:
         """Commit ``hashes``; returns those the committed table gained (not already there)."""
-        return block_tables.store(self._committed[slot], self._pending[slot], self._index, 1 << slot, hashes)
+        try:
+            return self._tables.store(slot, hashes)
+        except OverflowError:  # a hash outside the C tables' range (nothing was changed)
+            self._to_python()
+            return self._tables.store(slot, hashes)
 
     def remove(self, slot: int, hashes: Iterable[int]) -> list[int]:
         """Uncommit ``hashes``; returns those the committed table lost (it held them)."""
-        return block_tables.remove(self._committed[slot], self._pending[slot], self._index, ~(1 << slot), hashes)
+        return self._tables.remove(slot, hashes)
 
     def clear_committed(self, slot: int) -> int:
         """Empty the committed table; returns how many blocks it held."""
-        committed, pending = self._committed[slot], self._pending[slot]
-        n = len(committed)
-        for h in committed:
-            if h not in pending:
-                self._drop_bit(slot, h)
-        committed.clear()
-        return n
+        return self._tables.clear_committed(slot)
 
     def is_committed(self, slot: int, h: int) -> bool:
-        return h in self._committed[slot]
+        return self._tables.is_committed(slot, h)
 
     def all_committed(self, slot: int, hashes: Iterable[int]) -> bool:
         """Whether every hash of ``hashes`` is in the target's committed table."""
-        return self._committed[slot].issuperset(hashes)
+        return self._tables.all_committed(slot, hashes)
 
     # -- pending table (routed requests) -----------------------------------------------------
     def promise(self, slot: int, hashes: Iterable[int]) -> list[int]:
         """One more promise of each hash; returns those the pending table gained (first promise there)."""
-        return block_tables.promise(self._pending[slot], self._index, 1 << slot, hashes)
+        try:
+            return self._tables.promise(slot, hashes)
+        except OverflowError:  # a hash outside the C tables' range (nothing was changed)
+            self._to_python()
+            return self._tables.promise(slot, hashes)
 
     def retire(self, slot: int, hashes: Iterable[int]) -> list[int] | None:
         """Drop one promise of each hash (the request that made it finished or failed); returns the hashes the
         target no longer holds in either table (their last promise, not committed), None if the target is gone."""
-        pending = self._pending.get(slot)
-        if pending is None:  # target removed meanwhile
-            return None
-        return block_tables.retire(pending, self._committed[slot], self._index, ~(1 << slot), hashes)
+        return self._tables.retire(slot, hashes)
 
     # -- queries -----------------------------------------------------------------------------
     def match(self, hashes: Sequence[int], slots_mask: int) -> dict[int, int]:
@@ -107,26 +112,24 @@ class BlockIndex:
     def match_groups(self, hashes: Sequence[int], slots_mask: int) -> list[tuple[int, int]]:
         """The same match as groups: ``(matched_blocks, mask of the targets that matched exactly that many)``,
         longest first, each with at least one block; the masks are disjoint."""
-        return block_tables.match_groups(self._index, hashes, slots_mask)
+        return self._tables.match_groups(hashes, slots_mask)
 
     def holders(self, h: int) -> int:
         """Mask of the targets holding block ``h`` (committed or pending); hook: the simulator's memo reads it."""
-        return self._index.get(h, 0)
+        return self._tables.holders(h)
 
     def committed_prefix(self, slot: int, hashes: Sequence[int]) -> int:
         """Leading blocks of ``hashes`` in the target's committed table alone."""
-        return block_tables.committed_prefix(self._committed[slot], hashes)
+        return self._tables.committed_prefix(slot, hashes)
 
     def sizes(self, slot: int) -> tuple[int, int]:
         """(committed blocks, pending blocks) of a target."""
-        return len(self._committed[slot]), len(self._pending[slot])
+        return self._tables.sizes(slot)
 
-    def _drop_bit(self, slot: int, h: int) -> None:
-        mask = self._index.get(h, 0) & ~(1 << slot)
-        if mask:
-            self._index[h] = mask
-        else:
-            self._index.pop(h, None)
+    @property
+    def blocks(self) -> int:
+        """Distinct blocks held by any target (committed or pending)."""
+        return self._tables.blocks
 
 
 def _record(result: dict[int, int], mask: int, blocks: int) -> None:

@@ -1,365 +1,794 @@
-/* ``BlockIndex``'s per-block loops in C: one dictionary step per block of every promise, retire, stored or
-   removed event and match, without a Python step per block.
+/* ``BlockTables`` in C: every target's committed and pending block tables and the index over them, for
+   targets in slots 0-63.
 
-   ``block_tables.py`` holds the reference (the same functions in Python) and says what the tables are; the
-   functions here take the same arguments and return the same values, working on the same Python dicts and sets
-   through the C API. Its tests (``tests/router/test_native_paths.py``) run random operation sequences through both
-   and compare every answer and every table.
+   ``block_tables.py`` holds the reference (``BlockTablesPy``, the same methods in Python) and says what the tables
+   are; the type here has the same methods and answers. Its tests (``tests/router/test_native_paths.py``) run
+   random operation sequences through both and compare every answer and every table.
 
-   A mask is a Python int with bit ``slot`` set for each target; masks below 2**62 are combined as C integers,
-   larger ones (slots 62 and up: a router whose workers came and went many times) through Python's int
-   operations. */
+   Why: the Python tables are a set and a dict per target and one dict for the index, so each block of every
+   promise, retire, KV event and match costs dictionary steps on boxed ints, and a new int object per mask; at a
+   million blocks those dicts no longer fit in the caches. Here a block is one 24-byte entry of an open-addressing
+   table (linear probing, backward-shift deletion) keyed by its hash, holding two masks: the targets that hold it
+   committed, and those that hold it promised. A target's promise count is 1 when its pending bit is set and the
+   block has no entry in a second, small table, which keeps the counts of 2 and more (most blocks are promised
+   once).
+
+   Limits, which ``BlockIndex`` handles by moving to the Python tables (``export``): slots 0-63 (a mask is one
+   64-bit word), and signed 64-bit hashes (SGLang's page hashes are); ``add_target`` past slot 63 and ``store`` or
+   ``promise`` of a hash outside that range raise OverflowError and change nothing. A hash outside the range is
+   simply absent for every query and for ``remove`` and ``retire``. */
 
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <stdint.h>
 
-/* ``a | b`` (or ``a & b`` when ``and``), as a new reference; C integers when both fit in a long. */
-static PyObject *mask_op(PyObject *a, PyObject *b, int and) {
-    int oa = 0, ob = 0;
-    long x = PyLong_AsLongAndOverflow(a, &oa);
-    if (x == -1 && PyErr_Occurred())
-        return NULL;
-    long y = PyLong_AsLongAndOverflow(b, &ob);
-    if (y == -1 && PyErr_Occurred())
-        return NULL;
-    if (!oa && !ob)
-        return PyLong_FromLong(and ? (x & y) : (x | y));
-    return and ? PyNumber_And(a, b) : PyNumber_Or(a, b);
+#define MAX_SLOTS 64
+
+typedef struct {
+    int64_t key;
+    uint64_t committed; /* targets holding the block committed */
+    uint64_t pending;   /* targets holding it promised; an entry with both masks 0 is empty */
+} Block;
+
+typedef struct {
+    int64_t key;
+    int32_t slot;
+    int32_t count; /* promises of the block on the slot, >= 2; 0: empty entry */
+} Count;
+
+typedef struct {
+    PyObject_HEAD
+    Block *blocks;
+    uint64_t bmask; /* capacity - 1 (a power of two) */
+    Py_ssize_t bused;
+    Count *counts;
+    uint64_t cmask;
+    Py_ssize_t cused;
+    uint64_t live; /* slots added and not removed */
+    int next_slot;
+    Py_ssize_t n_committed[MAX_SLOTS];
+    Py_ssize_t n_pending[MAX_SLOTS];
+} BlockTables;
+
+static inline uint64_t mix(uint64_t z) {
+    z += 0x9e3779b97f4a7c15ULL;
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+    return z ^ (z >> 31);
 }
 
-/* index[h] = index.get(h, 0) | bit */
-static int index_set_bit(PyObject *index, PyObject *h, PyObject *bit) {
-    PyObject *old = PyDict_GetItemWithError(index, h); /* borrowed */
-    if (old == NULL && PyErr_Occurred())
-        return -1;
-    PyObject *mask = old == NULL ? Py_NewRef(bit) : mask_op(old, bit, 0);
-    if (mask == NULL)
-        return -1;
-    int rc = PyDict_SetItem(index, h, mask);
-    Py_DECREF(mask);
-    return rc;
+static inline uint64_t count_home(int64_t key, int32_t slot) {
+    return mix((uint64_t)key ^ ((uint64_t)(uint32_t)slot * 0xd6e8feb86659fd93ULL));
 }
 
-/* mask = index.get(h, 0) & keep; index[h] = mask if mask else pop (``BlockIndex._drop_bit``) */
-static int index_drop_bit(PyObject *index, PyObject *h, PyObject *keep) {
-    PyObject *old = PyDict_GetItemWithError(index, h);
-    if (old == NULL)
-        return PyErr_Occurred() ? -1 : 0;
-    PyObject *mask = mask_op(old, keep, 1);
-    if (mask == NULL)
-        return -1;
-    int truth = PyObject_IsTrue(mask);
-    int rc = truth < 0 ? -1 : truth ? PyDict_SetItem(index, h, mask) : PyDict_DelItem(index, h);
-    Py_DECREF(mask);
-    return rc;
+/* -- the block table ------------------------------------------------------------------------------------------- */
+static inline int empty(const Block *b) { return (b->committed | b->pending) == 0; }
+
+/* Position of ``key``'s entry, or -1. */
+static inline int64_t find(BlockTables *t, int64_t key) {
+    uint64_t i = mix((uint64_t)key) & t->bmask;
+    for (;;) {
+        Block *b = &t->blocks[i];
+        if (empty(b))
+            return -1;
+        if (b->key == key)
+            return (int64_t)i;
+        i = (i + 1) & t->bmask;
+    }
 }
 
-static int check_types(PyObject *dict_or_null, PyObject *set_or_null, PyObject *index) {
-    if ((dict_or_null != NULL && !PyDict_CheckExact(dict_or_null)) || !PyDict_CheckExact(index)) {
-        PyErr_SetString(PyExc_TypeError, "pending tables and the index must be dicts");
+static int grow_blocks(BlockTables *t) {
+    uint64_t old_n = t->bmask + 1, n = old_n * 2;
+    Block *old = t->blocks, *blocks = PyMem_Calloc(n, sizeof(Block));
+    if (blocks == NULL) {
+        PyErr_NoMemory();
         return -1;
     }
-    if (set_or_null != NULL && !PySet_CheckExact(set_or_null)) {
-        PyErr_SetString(PyExc_TypeError, "committed tables must be sets");
-        return -1;
+    for (uint64_t i = 0; i < old_n; i++) {
+        if (empty(&old[i]))
+            continue;
+        uint64_t j = mix((uint64_t)old[i].key) & (n - 1);
+        while (!empty(&blocks[j]))
+            j = (j + 1) & (n - 1);
+        blocks[j] = old[i];
     }
+    PyMem_Free(old);
+    t->blocks = blocks;
+    t->bmask = n - 1;
     return 0;
 }
 
-/* promise(pending, index, bit, hashes) -> gained */
-static PyObject *promise(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 4) {
-        PyErr_SetString(PyExc_TypeError, "promise(pending, index, bit, hashes)");
-        return NULL;
-    }
-    PyObject *pending = args[0], *index = args[1], *bit = args[2];
-    if (check_types(pending, NULL, index) < 0)
-        return NULL;
-    PyObject *seq = PySequence_Fast(args[3], "hashes must be iterable");
-    if (seq == NULL)
-        return NULL;
-    PyObject *gained = PyList_New(0);
-    if (gained == NULL)
-        goto fail;
-    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
-    PyObject **items = PySequence_Fast_ITEMS(seq);
-    for (Py_ssize_t i = 0; i < n; i++) {
-        PyObject *h = items[i];
-        PyObject *count = PyDict_GetItemWithError(pending, h);
-        if (count == NULL && PyErr_Occurred())
-            goto fail;
-        long c = 0;
-        if (count != NULL) {
-            c = PyLong_AsLong(count);
-            if (c == -1 && PyErr_Occurred())
-                goto fail;
-        }
-        PyObject *next = PyLong_FromLong(c + 1);
-        if (next == NULL)
-            goto fail;
-        int rc = PyDict_SetItem(pending, h, next);
-        Py_DECREF(next);
-        if (rc < 0)
-            goto fail;
-        if (c == 0) {
-            if (index_set_bit(index, h, bit) < 0 || PyList_Append(gained, h) < 0)
-                goto fail;
-        }
-    }
-    Py_DECREF(seq);
-    return gained;
-fail:
-    Py_XDECREF(gained);
-    Py_DECREF(seq);
-    return NULL;
+/* Position of ``key``'s entry, made (both masks 0: the caller sets one at once) when absent; -1 on no memory. */
+static int64_t find_or_add(BlockTables *t, int64_t key) {
+    int64_t at = find(t, key);
+    if (at >= 0)
+        return at;
+    if ((uint64_t)(t->bused + 1) * 2 > t->bmask + 1 && grow_blocks(t) < 0)
+        return -1;
+    uint64_t i = mix((uint64_t)key) & t->bmask;
+    while (!empty(&t->blocks[i]))
+        i = (i + 1) & t->bmask;
+    t->blocks[i].key = key;
+    t->bused++;
+    return (int64_t)i;
 }
 
-/* retire(pending, committed, index, keep, hashes) -> dropped; keep is ~bit */
-static PyObject *retire(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 5) {
-        PyErr_SetString(PyExc_TypeError, "retire(pending, committed, index, keep, hashes)");
-        return NULL;
+/* Empty the entry at ``i`` (backward-shift deletion). */
+static void delete_block(BlockTables *t, uint64_t i) {
+    Block *blocks = t->blocks;
+    uint64_t m = t->bmask, j = i;
+    blocks[i].committed = blocks[i].pending = 0;
+    for (;;) {
+        j = (j + 1) & m;
+        if (empty(&blocks[j]))
+            break;
+        uint64_t home = mix((uint64_t)blocks[j].key) & m;
+        /* the entry at ``j`` may move back to ``i`` unless its home lies cyclically in (i, j] */
+        int stays = i <= j ? (home > i && home <= j) : (home > i || home <= j);
+        if (!stays) {
+            blocks[i] = blocks[j];
+            blocks[j].committed = blocks[j].pending = 0;
+            i = j;
+        }
     }
-    PyObject *pending = args[0], *committed = args[1], *index = args[2], *keep = args[3];
-    if (check_types(pending, committed, index) < 0)
-        return NULL;
-    PyObject *seq = PySequence_Fast(args[4], "hashes must be iterable");
-    if (seq == NULL)
-        return NULL;
-    PyObject *dropped = PyList_New(0);
-    if (dropped == NULL)
-        goto fail;
-    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
-    PyObject **items = PySequence_Fast_ITEMS(seq);
-    for (Py_ssize_t i = 0; i < n; i++) {
-        PyObject *h = items[i];
-        PyObject *count = PyDict_GetItemWithError(pending, h);
-        if (count == NULL) {
-            if (PyErr_Occurred())
-                goto fail;
+    t->bused--;
+}
+
+/* -- the table of promise counts >= 2 -------------------------------------------------------------------------- */
+static inline int64_t find_count(BlockTables *t, int64_t key, int32_t slot) {
+    uint64_t i = count_home(key, slot) & t->cmask;
+    for (;;) {
+        Count *c = &t->counts[i];
+        if (c->count == 0)
+            return -1;
+        if (c->key == key && c->slot == slot)
+            return (int64_t)i;
+        i = (i + 1) & t->cmask;
+    }
+}
+
+static int grow_counts(BlockTables *t) {
+    uint64_t old_n = t->cmask + 1, n = old_n * 2;
+    Count *old = t->counts, *counts = PyMem_Calloc(n, sizeof(Count));
+    if (counts == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    for (uint64_t i = 0; i < old_n; i++) {
+        if (old[i].count == 0)
             continue;
+        uint64_t j = count_home(old[i].key, old[i].slot) & (n - 1);
+        while (counts[j].count != 0)
+            j = (j + 1) & (n - 1);
+        counts[j] = old[i];
+    }
+    PyMem_Free(old);
+    t->counts = counts;
+    t->cmask = n - 1;
+    return 0;
+}
+
+/* One more promise of a block whose pending bit is already set on ``slot`` (count 1 -> 2, or n -> n + 1). */
+static int count_up(BlockTables *t, int64_t key, int32_t slot) {
+    int64_t at = find_count(t, key, slot);
+    if (at >= 0) {
+        if (t->counts[at].count == INT32_MAX) {
+            PyErr_SetString(PyExc_OverflowError, "BlockTables: too many promises of one block");
+            return -1;
         }
-        long c = PyLong_AsLong(count);
-        if (c == -1 && PyErr_Occurred())
-            goto fail;
-        if (c > 1) {
-            PyObject *next = PyLong_FromLong(c - 1);
-            if (next == NULL)
-                goto fail;
-            int rc = PyDict_SetItem(pending, h, next);
-            Py_DECREF(next);
-            if (rc < 0)
-                goto fail;
-        } else if (c == 1) {
-            Py_INCREF(h); /* the dict may hold the only other reference */
-            int rc = PyDict_DelItem(pending, h);
-            int held = rc < 0 ? -1 : PySet_Contains(committed, h);
-            if (held == 0 && (index_drop_bit(index, h, keep) < 0 || PyList_Append(dropped, h) < 0))
-                held = -1;
-            Py_DECREF(h);
-            if (held < 0)
-                goto fail;
+        t->counts[at].count++;
+        return 0;
+    }
+    if ((uint64_t)(t->cused + 1) * 2 > t->cmask + 1 && grow_counts(t) < 0)
+        return -1;
+    uint64_t i = count_home(key, slot) & t->cmask;
+    while (t->counts[i].count != 0)
+        i = (i + 1) & t->cmask;
+    t->counts[i].key = key;
+    t->counts[i].slot = slot;
+    t->counts[i].count = 2;
+    t->cused++;
+    return 0;
+}
+
+static void delete_count(BlockTables *t, uint64_t i) {
+    Count *counts = t->counts;
+    uint64_t m = t->cmask, j = i;
+    counts[i].count = 0;
+    for (;;) {
+        j = (j + 1) & m;
+        if (counts[j].count == 0)
+            break;
+        uint64_t home = count_home(counts[j].key, counts[j].slot) & m;
+        int stays = i <= j ? (home > i && home <= j) : (home > i || home <= j);
+        if (!stays) {
+            counts[i] = counts[j];
+            counts[j].count = 0;
+            i = j;
         }
     }
-    Py_DECREF(seq);
-    return dropped;
+    t->cused--;
+}
+
+/* A target's promise count of the block at ``i`` (0 when its pending bit is clear). */
+static int32_t promises(BlockTables *t, uint64_t i, int32_t slot) {
+    if (!(t->blocks[i].pending & (1ULL << slot)))
+        return 0;
+    int64_t at = find_count(t, t->blocks[i].key, slot);
+    return at >= 0 ? t->counts[at].count : 1;
+}
+
+/* -- arguments ------------------------------------------------------------------------------------------------- */
+/* The slot argument of a live target, or -1 with KeyError set. */
+static int live_slot(BlockTables *t, PyObject *arg) {
+    int overflow = 0;
+    long s = PyLong_AsLongAndOverflow(arg, &overflow);
+    if (s == -1 && PyErr_Occurred())
+        return -1;
+    if (overflow || s < 0 || s >= MAX_SLOTS || !(t->live & (1ULL << s))) {
+        PyErr_SetObject(PyExc_KeyError, arg);
+        return -1;
+    }
+    return (int)s;
+}
+
+/* ``h`` as a key: 1, or 0 when it is an int outside the signed 64-bit range (absent from every table), or -1
+   with an error set (not an int). */
+static inline int key_of(PyObject *h, int64_t *key) {
+    int overflow = 0;
+    long long v = PyLong_AsLongLongAndOverflow(h, &overflow);
+    if (v == -1 && PyErr_Occurred())
+        return -1;
+    *key = (int64_t)v;
+    return overflow ? 0 : 1;
+}
+
+/* The hashes as keys (``*keys``, PyMem; ``*ok[i]`` 0 for a hash outside the range) and their sequence; with
+   ``strict`` a hash outside the range raises OverflowError. NULL with an error set on failure. */
+static PyObject *keys_of(PyObject *hashes, int strict, int64_t **keys, char **ok) {
+    PyObject *seq = PySequence_Fast(hashes, "hashes must be iterable");
+    if (seq == NULL)
+        return NULL;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+    PyObject **items = PySequence_Fast_ITEMS(seq);
+    *keys = PyMem_Malloc((size_t)(n ? n : 1) * sizeof(int64_t));
+    *ok = PyMem_Malloc((size_t)(n ? n : 1));
+    if (*keys == NULL || *ok == NULL) {
+        PyErr_NoMemory();
+        goto fail;
+    }
+    for (Py_ssize_t k = 0; k < n; k++) {
+        int r = key_of(items[k], &(*keys)[k]);
+        if (r < 0)
+            goto fail;
+        if (r == 0 && strict) {
+            PyErr_SetString(PyExc_OverflowError, "block hash outside the signed 64-bit range");
+            goto fail;
+        }
+        (*ok)[k] = (char)r;
+    }
+    return seq;
 fail:
-    Py_XDECREF(dropped);
+    PyMem_Free(*keys);
+    PyMem_Free(*ok);
+    *keys = NULL;
+    *ok = NULL;
     Py_DECREF(seq);
     return NULL;
 }
 
-/* The hashes of seq in committed (want_in) or not in it, as a new list; membership read before any change. */
-static PyObject *filter_committed(PyObject *committed, PyObject *seq, int want_in) {
+static void keys_done(PyObject *seq, int64_t *keys, char *ok) {
+    PyMem_Free(keys);
+    PyMem_Free(ok);
+    Py_DECREF(seq);
+}
+
+#define NEED_ARGS(n, name)                                                                  \
+    if (nargs != (n)) {                                                                     \
+        PyErr_SetString(PyExc_TypeError, name "() takes " #n " arguments");                 \
+        return NULL;                                                                        \
+    }
+
+/* -- targets --------------------------------------------------------------------------------------------------- */
+static PyObject *BT_add_target(BlockTables *t, PyObject *Py_UNUSED(ignored)) {
+    if (t->next_slot >= MAX_SLOTS) {
+        PyErr_SetString(PyExc_OverflowError, "BlockTables holds slots 0-63 only");
+        return NULL;
+    }
+    int s = t->next_slot++;
+    t->live |= 1ULL << s;
+    t->n_committed[s] = t->n_pending[s] = 0;
+    return PyLong_FromLong(s);
+}
+
+static PyObject *BT_has_target(BlockTables *t, PyObject *arg) {
+    int overflow = 0;
+    long s = PyLong_AsLongAndOverflow(arg, &overflow);
+    if (s == -1 && PyErr_Occurred())
+        return NULL;
+    return PyBool_FromLong(!overflow && s >= 0 && s < MAX_SLOTS && (t->live & (1ULL << s)));
+}
+
+/* Clear ``which`` (committed and/or pending) bits of ``slot`` everywhere, dropping entries left empty and, with
+   pending, the slot's counts. */
+static int clear_slot(BlockTables *t, int slot, int committed, int pending) {
+    uint64_t bit = 1ULL << slot, n = t->bmask + 1;
+    Py_ssize_t cap = 64, k = 0;
+    int64_t *gone = PyMem_Malloc((size_t)cap * sizeof(int64_t));
+    if (gone == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    for (uint64_t i = 0; i < n; i++) {
+        Block *b = &t->blocks[i];
+        if (empty(b))
+            continue;
+        if (committed)
+            b->committed &= ~bit;
+        if (pending)
+            b->pending &= ~bit;
+        if (empty(b)) {
+            b->committed = bit; /* keep the slot occupied until the scan is over: probes still pass it */
+            if (k == cap) {
+                int64_t *more = PyMem_Realloc(gone, (size_t)(cap *= 2) * sizeof(int64_t));
+                if (more == NULL) {
+                    PyMem_Free(gone);
+                    PyErr_NoMemory();
+                    return -1;
+                }
+                gone = more;
+            }
+            gone[k++] = b->key;
+        }
+    }
+    for (Py_ssize_t j = 0; j < k; j++)
+        delete_block(t, (uint64_t)find(t, gone[j]));
+    PyMem_Free(gone);
+    if (pending) {
+        for (uint64_t i = 0; i <= t->cmask;) {
+            if (t->counts[i].count != 0 && t->counts[i].slot == slot)
+                delete_count(t, i); /* an entry may move into ``i``: look at it again */
+            else
+                i++;
+        }
+        t->n_pending[slot] = 0;
+    }
+    if (committed)
+        t->n_committed[slot] = 0;
+    return 0;
+}
+
+static PyObject *BT_remove_target(BlockTables *t, PyObject *arg) {
+    int s = live_slot(t, arg);
+    if (s < 0 || clear_slot(t, s, 1, 1) < 0)
+        return NULL;
+    t->live &= ~(1ULL << s);
+    Py_RETURN_NONE;
+}
+
+/* -- committed tables (KV events) ------------------------------------------------------------------------------ */
+/* store / remove: the hashes the committed table gained / lost, judged against the table before the call (a
+   hash listed twice is listed twice), then the change. */
+static PyObject *commit(BlockTables *t, PyObject *const *args, Py_ssize_t nargs, int storing) {
+    NEED_ARGS(2, "store/remove")
+    int s = live_slot(t, args[0]);
+    if (s < 0)
+        return NULL;
+    uint64_t bit = 1ULL << s;
+    int64_t *keys;
+    char *ok;
+    PyObject *seq = keys_of(args[1], storing, &keys, &ok);
+    if (seq == NULL)
+        return NULL;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+    PyObject **items = PySequence_Fast_ITEMS(seq);
     PyObject *out = PyList_New(0);
     if (out == NULL)
-        return NULL;
-    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
-    PyObject **items = PySequence_Fast_ITEMS(seq);
-    for (Py_ssize_t i = 0; i < n; i++) {
-        int in = PySet_Contains(committed, items[i]);
-        if (in < 0 || (in == want_in && PyList_Append(out, items[i]) < 0)) {
-            Py_DECREF(out);
-            return NULL;
+        goto done;
+    for (Py_ssize_t k = 0; k < n; k++) {
+        if (!ok[k]) {
+            ok[k] = 0;
+            continue;
+        }
+        int64_t at = find(t, keys[k]);
+        int held = at >= 0 && (t->blocks[at].committed & bit);
+        ok[k] = storing ? !held : held; /* now: whether it goes in the answer */
+        if (ok[k] && PyList_Append(out, items[k]) < 0) {
+            Py_CLEAR(out);
+            goto done;
         }
     }
+    for (Py_ssize_t k = 0; k < n; k++) {
+        if (!ok[k])
+            continue;
+        if (storing) {
+            int64_t at = find_or_add(t, keys[k]);
+            if (at < 0) {
+                Py_CLEAR(out); /* (no memory: the tables hold the blocks committed so far) */
+                goto done;
+            }
+            Block *b = &t->blocks[at];
+            if (!(b->committed & bit)) {
+                b->committed |= bit;
+                t->n_committed[s]++;
+            }
+        } else {
+            int64_t at = find(t, keys[k]);
+            if (at < 0 || !(t->blocks[at].committed & bit))
+                continue; /* (listed twice) */
+            t->blocks[at].committed &= ~bit;
+            t->n_committed[s]--;
+            if (empty(&t->blocks[at]))
+                delete_block(t, (uint64_t)at);
+        }
+    }
+done:
+    keys_done(seq, keys, ok);
     return out;
 }
 
-/* store (storing) or remove: the hashes the committed table gains (not in it) or loses (in it), membership read
-   before any change; then the table changes, and the index for each one not also pending (a pending block keeps the
-   target's bit either way). ``mask`` is bit for a store, keep for a removal. */
-static PyObject *commit(PyObject *const *args, Py_ssize_t nargs, int storing) {
-    if (nargs != 5) {
-        PyErr_SetString(PyExc_TypeError, storing ? "store(committed, pending, index, bit, hashes)"
-                                                 : "remove(committed, pending, index, keep, hashes)");
+static PyObject *BT_store(BlockTables *t, PyObject *const *args, Py_ssize_t nargs) { return commit(t, args, nargs, 1); }
+
+static PyObject *BT_remove(BlockTables *t, PyObject *const *args, Py_ssize_t nargs) {
+    return commit(t, args, nargs, 0);
+}
+
+static PyObject *BT_clear_committed(BlockTables *t, PyObject *arg) {
+    int s = live_slot(t, arg);
+    if (s < 0)
         return NULL;
-    }
-    PyObject *committed = args[0], *pending = args[1], *index = args[2], *mask = args[3];
-    if (check_types(pending, committed, index) < 0)
+    Py_ssize_t n = t->n_committed[s];
+    if (n && clear_slot(t, s, 1, 0) < 0)
         return NULL;
-    PyObject *seq = PySequence_Fast(args[4], "hashes must be iterable");
+    return PyLong_FromSsize_t(n);
+}
+
+static PyObject *BT_is_committed(BlockTables *t, PyObject *const *args, Py_ssize_t nargs) {
+    NEED_ARGS(2, "is_committed")
+    int s = live_slot(t, args[0]);
+    if (s < 0)
+        return NULL;
+    int64_t key;
+    int r = key_of(args[1], &key);
+    if (r < 0)
+        return NULL;
+    int64_t at = r ? find(t, key) : -1;
+    return PyBool_FromLong(at >= 0 && (t->blocks[at].committed & (1ULL << s)));
+}
+
+static PyObject *BT_all_committed(BlockTables *t, PyObject *const *args, Py_ssize_t nargs) {
+    NEED_ARGS(2, "all_committed")
+    int s = live_slot(t, args[0]);
+    if (s < 0)
+        return NULL;
+    int64_t *keys;
+    char *ok;
+    PyObject *seq = keys_of(args[1], 0, &keys, &ok);
     if (seq == NULL)
         return NULL;
-    PyObject *changed = filter_committed(committed, seq, !storing);
-    Py_DECREF(seq);
-    if (changed == NULL)
-        return NULL;
-    Py_ssize_t n = PyList_GET_SIZE(changed);
-    for (Py_ssize_t i = 0; i < n; i++) {
-        PyObject *h = PyList_GET_ITEM(changed, i);
-        if ((storing ? PySet_Add(committed, h) : PySet_Discard(committed, h)) < 0)
-            goto fail;
+    int all = 1;
+    for (Py_ssize_t k = 0, n = PySequence_Fast_GET_SIZE(seq); k < n && all; k++) {
+        int64_t at = ok[k] ? find(t, keys[k]) : -1;
+        all = at >= 0 && (t->blocks[at].committed & (1ULL << s));
     }
-    for (Py_ssize_t i = 0; i < n; i++) {
-        PyObject *h = PyList_GET_ITEM(changed, i);
-        int promised = PyDict_Contains(pending, h);
-        if (promised < 0 || (!promised && (storing ? index_set_bit(index, h, mask)
-                                                   : index_drop_bit(index, h, mask)) < 0))
-            goto fail;
-    }
-    return changed;
-fail:
-    Py_DECREF(changed);
-    return NULL;
+    keys_done(seq, keys, ok);
+    return PyBool_FromLong(all);
 }
 
-/* store(committed, pending, index, bit, hashes) -> gained */
-static PyObject *store(PyObject *self, PyObject *const *args, Py_ssize_t nargs) { return commit(args, nargs, 1); }
-
-/* remove(committed, pending, index, keep, hashes) -> lost */
-static PyObject *remove_(PyObject *self, PyObject *const *args, Py_ssize_t nargs) { return commit(args, nargs, 0); }
-
-static int append_group(PyObject *groups, Py_ssize_t blocks, PyObject *mask) {
-    PyObject *n = PyLong_FromSsize_t(blocks);
-    if (n == NULL)
-        return -1;
-    PyObject *pair = PyTuple_Pack(2, n, mask);
-    Py_DECREF(n);
-    if (pair == NULL)
-        return -1;
-    int rc = PyList_Append(groups, pair);
-    Py_DECREF(pair);
-    return rc;
-}
-
-/* match_groups(index, hashes, slots_mask) -> [(matched_blocks, mask), ...], longest first */
-static PyObject *match_groups(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 3) {
-        PyErr_SetString(PyExc_TypeError, "match_groups(index, hashes, slots_mask)");
+static PyObject *BT_committed_prefix(BlockTables *t, PyObject *const *args, Py_ssize_t nargs) {
+    NEED_ARGS(2, "committed_prefix")
+    int s = live_slot(t, args[0]);
+    if (s < 0)
         return NULL;
-    }
-    PyObject *index = args[0];
-    if (check_types(NULL, NULL, index) < 0)
-        return NULL;
-    PyObject *seq = PySequence_Fast(args[1], "hashes must be a sequence");
-    if (seq == NULL)
-        return NULL;
-    PyObject *groups = PyList_New(0);
-    PyObject *live = Py_NewRef(args[2]), *zero = PyLong_FromLong(0);
-    if (groups == NULL || zero == NULL)
-        goto fail;
-    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
-    PyObject **items = PySequence_Fast_ITEMS(seq);
-    Py_ssize_t i = 0;
-    for (; i < n; i++) {
-        PyObject *held = PyDict_GetItemWithError(index, items[i]);
-        if (held == NULL && PyErr_Occurred())
-            goto fail;
-        PyObject *have = mask_op(held == NULL ? zero : held, live, 1);
-        if (have == NULL)
-            goto fail;
-        int same = PyObject_RichCompareBool(have, live, Py_EQ);
-        if (same < 0) {
-            Py_DECREF(have);
-            goto fail;
-        }
-        if (same) {
-            Py_DECREF(have);
-            continue;
-        }
-        if (i) { /* the targets that dropped out here: live ^ have (have is within live) */
-            PyObject *out = PyNumber_Xor(live, have);
-            int rc = out == NULL ? -1 : append_group(groups, i, out);
-            Py_XDECREF(out);
-            if (rc < 0) {
-                Py_DECREF(have);
-                goto fail;
-            }
-        }
-        Py_SETREF(live, have);
-        int any = PyObject_IsTrue(live);
-        if (any < 0)
-            goto fail;
-        if (!any)
-            break;
-    }
-    if (i == n && n > 0) {
-        int any = PyObject_IsTrue(live);
-        if (any < 0 || (any && append_group(groups, n, live) < 0))
-            goto fail;
-    }
-    if (PyList_Reverse(groups) < 0)
-        goto fail;
-    Py_DECREF(live);
-    Py_DECREF(zero);
-    Py_DECREF(seq);
-    return groups;
-fail:
-    Py_XDECREF(groups);
-    Py_XDECREF(live);
-    Py_XDECREF(zero);
-    Py_DECREF(seq);
-    return NULL;
-}
-
-/* committed_prefix(committed, hashes) -> leading hashes in committed */
-static PyObject *committed_prefix(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 2) {
-        PyErr_SetString(PyExc_TypeError, "committed_prefix(committed, hashes)");
-        return NULL;
-    }
-    if (!PySet_CheckExact(args[0])) {
-        PyErr_SetString(PyExc_TypeError, "committed tables must be sets");
-        return NULL;
-    }
     PyObject *seq = PySequence_Fast(args[1], "hashes must be iterable");
     if (seq == NULL)
         return NULL;
-    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq), i = 0;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq), k = 0;
     PyObject **items = PySequence_Fast_ITEMS(seq);
-    for (; i < n; i++) {
-        int in = PySet_Contains(args[0], items[i]);
-        if (in < 0) {
+    for (; k < n; k++) {
+        int64_t key;
+        int r = key_of(items[k], &key);
+        if (r < 0) {
             Py_DECREF(seq);
             return NULL;
         }
-        if (!in)
+        int64_t at = r ? find(t, key) : -1;
+        if (at < 0 || !(t->blocks[at].committed & (1ULL << s)))
             break;
     }
     Py_DECREF(seq);
-    return PyLong_FromSsize_t(i);
+    return PyLong_FromSsize_t(k);
 }
 
-static PyMethodDef methods[] = {
-    {"promise", (PyCFunction)(void (*)(void))promise, METH_FASTCALL,
-     "promise(pending, index, bit, hashes) -> gained: block_tables.promise_py in C."},
-    {"retire", (PyCFunction)(void (*)(void))retire, METH_FASTCALL,
-     "retire(pending, committed, index, keep, hashes) -> dropped: block_tables.retire_py in C."},
-    {"store", (PyCFunction)(void (*)(void))store, METH_FASTCALL,
-     "store(committed, pending, index, bit, hashes) -> gained: block_tables.store_py in C."},
-    {"remove", (PyCFunction)(void (*)(void))remove_, METH_FASTCALL,
-     "remove(committed, pending, index, keep, hashes) -> lost: block_tables.remove_py in C."},
-    {"match_groups", (PyCFunction)(void (*)(void))match_groups, METH_FASTCALL,
-     "match_groups(index, hashes, slots_mask) -> groups: block_tables.match_groups_py in C."},
-    {"committed_prefix", (PyCFunction)(void (*)(void))committed_prefix, METH_FASTCALL,
-     "committed_prefix(committed, hashes) -> int: block_tables.committed_prefix_py in C."},
+/* -- pending tables (routed requests) -------------------------------------------------------------------------- */
+static PyObject *BT_promise(BlockTables *t, PyObject *const *args, Py_ssize_t nargs) {
+    NEED_ARGS(2, "promise")
+    int s = live_slot(t, args[0]);
+    if (s < 0)
+        return NULL;
+    uint64_t bit = 1ULL << s;
+    int64_t *keys;
+    char *ok;
+    PyObject *seq = keys_of(args[1], 1, &keys, &ok);
+    if (seq == NULL)
+        return NULL;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+    PyObject **items = PySequence_Fast_ITEMS(seq);
+    PyObject *out = PyList_New(0);
+    for (Py_ssize_t k = 0; k < n && out != NULL; k++) {
+        int64_t at = find_or_add(t, keys[k]);
+        if (at < 0) {
+            Py_CLEAR(out);
+            break;
+        }
+        Block *b = &t->blocks[at];
+        if (b->pending & bit) {
+            if (count_up(t, keys[k], s) < 0)
+                Py_CLEAR(out);
+            continue;
+        }
+        b->pending |= bit;
+        t->n_pending[s]++;
+        if (PyList_Append(out, items[k]) < 0)
+            Py_CLEAR(out);
+    }
+    keys_done(seq, keys, ok);
+    return out;
+}
+
+static PyObject *BT_retire(BlockTables *t, PyObject *const *args, Py_ssize_t nargs) {
+    NEED_ARGS(2, "retire")
+    int overflow = 0;
+    long s = PyLong_AsLongAndOverflow(args[0], &overflow);
+    if (s == -1 && PyErr_Occurred())
+        return NULL;
+    if (overflow || s < 0 || s >= MAX_SLOTS || !(t->live & (1ULL << s)))
+        Py_RETURN_NONE; /* the target is gone */
+    uint64_t bit = 1ULL << s;
+    int64_t *keys;
+    char *ok;
+    PyObject *seq = keys_of(args[1], 0, &keys, &ok);
+    if (seq == NULL)
+        return NULL;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+    PyObject **items = PySequence_Fast_ITEMS(seq);
+    PyObject *out = PyList_New(0);
+    for (Py_ssize_t k = 0; k < n && out != NULL; k++) {
+        int64_t at = ok[k] ? find(t, keys[k]) : -1;
+        if (at < 0 || !(t->blocks[at].pending & bit))
+            continue;
+        int64_t c = find_count(t, keys[k], (int32_t)s);
+        if (c >= 0) {
+            if (t->counts[c].count > 2)
+                t->counts[c].count--;
+            else
+                delete_count(t, (uint64_t)c);
+            continue;
+        }
+        Block *b = &t->blocks[at];
+        b->pending &= ~bit;
+        t->n_pending[s]--;
+        if (!(b->committed & bit) && PyList_Append(out, items[k]) < 0)
+            Py_CLEAR(out);
+        if (empty(b))
+            delete_block(t, (uint64_t)at);
+    }
+    keys_done(seq, keys, ok);
+    return out;
+}
+
+/* -- queries --------------------------------------------------------------------------------------------------- */
+static PyObject *append_group(PyObject *groups, Py_ssize_t blocks, uint64_t mask) {
+    PyObject *g = Py_BuildValue("(nK)", blocks, (unsigned long long)mask);
+    if (g == NULL)
+        return NULL;
+    int rc = PyList_Append(groups, g);
+    Py_DECREF(g);
+    return rc < 0 ? NULL : groups;
+}
+
+static PyObject *BT_match_groups(BlockTables *t, PyObject *const *args, Py_ssize_t nargs) {
+    NEED_ARGS(2, "match_groups")
+    if (!PyLong_Check(args[1])) {
+        PyErr_SetString(PyExc_TypeError, "slots_mask must be an int");
+        return NULL;
+    }
+    uint64_t live = PyLong_AsUnsignedLongLongMask(args[1]); /* (no target has a slot past 63) */
+    if (live == (uint64_t)-1 && PyErr_Occurred())
+        return NULL;
+    PyObject *seq = PySequence_Fast(args[0], "hashes must be a sequence");
+    if (seq == NULL)
+        return NULL;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+    PyObject **items = PySequence_Fast_ITEMS(seq);
+    PyObject *groups = PyList_New(0);
+    for (Py_ssize_t i = 0; i < n && groups != NULL && live; i++) {
+        int64_t key;
+        int r = key_of(items[i], &key);
+        if (r < 0) {
+            Py_CLEAR(groups);
+            break;
+        }
+        int64_t at = r ? find(t, key) : -1;
+        uint64_t have = at >= 0 ? (t->blocks[at].committed | t->blocks[at].pending) & live : 0;
+        if (have != live) {
+            if (i && append_group(groups, i, live ^ have) == NULL)
+                Py_CLEAR(groups);
+            live = have;
+        }
+    }
+    if (groups != NULL && live && n && append_group(groups, n, live) == NULL)
+        Py_CLEAR(groups);
+    Py_DECREF(seq);
+    if (groups != NULL && PyList_Reverse(groups) < 0)
+        Py_CLEAR(groups);
+    return groups;
+}
+
+static PyObject *BT_holders(BlockTables *t, PyObject *arg) {
+    int64_t key;
+    int r = key_of(arg, &key);
+    if (r < 0)
+        return NULL;
+    int64_t at = r ? find(t, key) : -1;
+    return PyLong_FromUnsignedLongLong(at >= 0 ? t->blocks[at].committed | t->blocks[at].pending : 0);
+}
+
+static PyObject *BT_sizes(BlockTables *t, PyObject *arg) {
+    int s = live_slot(t, arg);
+    if (s < 0)
+        return NULL;
+    return Py_BuildValue("(nn)", t->n_committed[s], t->n_pending[s]);
+}
+
+/* export() -> (next_slot, {slot: (committed hashes, {hash: promises})}) for the live slots. */
+static PyObject *BT_export(BlockTables *t, PyObject *Py_UNUSED(ignored)) {
+    PyObject *tables = PyDict_New();
+    if (tables == NULL)
+        return NULL;
+    for (int s = 0; s < MAX_SLOTS; s++) {
+        if (!(t->live & (1ULL << s)))
+            continue;
+        PyObject *entry = Py_BuildValue("(NN)", PyList_New(0), PyDict_New());
+        PyObject *key = PyLong_FromLong(s);
+        if (entry == NULL || key == NULL || PyDict_SetItem(tables, key, entry) < 0) {
+            Py_XDECREF(entry);
+            Py_XDECREF(key);
+            Py_DECREF(tables);
+            return NULL;
+        }
+        Py_DECREF(entry);
+        Py_DECREF(key);
+    }
+    for (uint64_t i = 0; i <= t->bmask; i++) {
+        Block *b = &t->blocks[i];
+        if (empty(b))
+            continue;
+        PyObject *h = PyLong_FromLongLong(b->key);
+        if (h == NULL)
+            goto fail;
+        for (int s = 0; s < MAX_SLOTS; s++) {
+            uint64_t bit = 1ULL << s;
+            if (!((b->committed | b->pending) & bit))
+                continue;
+            PyObject *key = PyLong_FromLong(s);
+            PyObject *entry = key ? PyDict_GetItemWithError(tables, key) : NULL; /* borrowed */
+            Py_XDECREF(key);
+            if (entry == NULL)
+                goto fail_h;
+            if ((b->committed & bit) && PyList_Append(PyTuple_GET_ITEM(entry, 0), h) < 0)
+                goto fail_h;
+            if (b->pending & bit) {
+                PyObject *count = PyLong_FromLong(promises(t, i, s));
+                int rc = count ? PyDict_SetItem(PyTuple_GET_ITEM(entry, 1), h, count) : -1;
+                Py_XDECREF(count);
+                if (rc < 0)
+                    goto fail_h;
+            }
+        }
+        Py_DECREF(h);
+        continue;
+    fail_h:
+        Py_DECREF(h);
+        goto fail;
+    }
+    return Py_BuildValue("(iN)", t->next_slot, tables);
+fail:
+    if (!PyErr_Occurred())
+        PyErr_SetString(PyExc_SystemError, "BlockTables.export: a slot's entry is missing");
+    Py_DECREF(tables);
+    return NULL;
+}
+
+static PyObject *BT_len(BlockTables *t, void *Py_UNUSED(closure)) { return PyLong_FromSsize_t(t->bused); }
+
+static PyObject *BT_get_next_slot(BlockTables *t, void *Py_UNUSED(closure)) { return PyLong_FromLong(t->next_slot); }
+
+/* -- the type -------------------------------------------------------------------------------------------------- */
+static int BT_init(BlockTables *t, PyObject *args, PyObject *kwds) {
+    static char *kwlist[] = {NULL};
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, ":BlockTables", kwlist))
+        return -1;
+    PyMem_Free(t->blocks);
+    PyMem_Free(t->counts);
+    t->blocks = PyMem_Calloc(1024, sizeof(Block));
+    t->counts = PyMem_Calloc(256, sizeof(Count));
+    if (t->blocks == NULL || t->counts == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    t->bmask = 1023;
+    t->cmask = 255;
+    t->bused = t->cused = 0;
+    t->live = 0;
+    t->next_slot = 0;
+    return 0;
+}
+
+static void BT_dealloc(BlockTables *t) {
+    PyMem_Free(t->blocks);
+    PyMem_Free(t->counts);
+    Py_TYPE(t)->tp_free((PyObject *)t);
+}
+
+#define FAST(f) (PyCFunction)(void (*)(void))(f), METH_FASTCALL
+
+static PyMethodDef BT_methods[] = {
+    {"add_target", (PyCFunction)BT_add_target, METH_NOARGS, "A new slot (never reused); OverflowError past 63."},
+    {"has_target", (PyCFunction)BT_has_target, METH_O, "Whether the slot was added and not removed."},
+    {"remove_target", (PyCFunction)BT_remove_target, METH_O, "Forget the target entirely."},
+    {"store", FAST(BT_store), "Commit the hashes; returns those the committed table gained."},
+    {"remove", FAST(BT_remove), "Uncommit the hashes; returns those the committed table lost."},
+    {"clear_committed", (PyCFunction)BT_clear_committed, METH_O, "Empty the committed table; returns its size."},
+    {"is_committed", FAST(BT_is_committed), "Whether the hash is in the target's committed table."},
+    {"all_committed", FAST(BT_all_committed), "Whether every hash is in the target's committed table."},
+    {"committed_prefix", FAST(BT_committed_prefix), "Leading hashes in the target's committed table."},
+    {"promise", FAST(BT_promise), "One more promise of each hash; returns those the pending table gained."},
+    {"retire", FAST(BT_retire),
+     "One promise fewer of each hash; returns those the target no longer holds, None if it is gone."},
+    {"match_groups", FAST(BT_match_groups),
+     "(matched_blocks, mask of the targets that hold exactly that many leading blocks), longest first."},
+    {"holders", (PyCFunction)BT_holders, METH_O, "Mask of the targets holding the block (committed or pending)."},
+    {"sizes", (PyCFunction)BT_sizes, METH_O, "(committed blocks, pending blocks) of a target."},
+    {"export", (PyCFunction)BT_export, METH_NOARGS,
+     "(next_slot, {slot: (committed hashes, {hash: promises})}): the tables, for BlockTablesPy.from_export."},
     {NULL, NULL, 0, NULL},
+};
+
+static PyGetSetDef BT_getset[] = {
+    {"blocks", (getter)BT_len, NULL, "distinct blocks held by any target", NULL},
+    {"next_slot", (getter)BT_get_next_slot, NULL, "the slot add_target gives next", NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
+static PyTypeObject BlockTablesType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "sgl_moe.router.placement.native_block_tables.BlockTables",
+    .tp_doc = "BlockTablesPy in C (reference: sgl_moe.router.placement.block_tables.BlockTablesPy).",
+    .tp_basicsize = sizeof(BlockTables),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_new = PyType_GenericNew,
+    .tp_init = (initproc)BT_init,
+    .tp_dealloc = (destructor)BT_dealloc,
+    .tp_methods = BT_methods,
+    .tp_getset = BT_getset,
 };
 
 static struct PyModuleDef module = {
     PyModuleDef_HEAD_INIT, "native_block_tables",
-    "BlockIndex's per-block loops in C (reference: sgl_moe.router.placement.block_tables).", -1, methods,
+    "The router's block tables in C (reference: sgl_moe.router.placement.block_tables.BlockTablesPy).", -1, NULL,
+    NULL, NULL, NULL, NULL,
 };
 
-PyMODINIT_FUNC PyInit_native_block_tables(void) { return PyModule_Create(&module); }
+PyMODINIT_FUNC PyInit_native_block_tables(void) {
+    if (PyType_Ready(&BlockTablesType) < 0)
+        return NULL;
+    PyObject *m = PyModule_Create(&module);
+    if (m == NULL)
+        return NULL;
+    if (PyModule_AddObjectRef(m, "BlockTables", (PyObject *)&BlockTablesType) < 0 ||
+        PyModule_AddIntConstant(m, "MAX_SLOTS", MAX_SLOTS) < 0) {
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
+}

@@ -199,76 +199,123 @@ def test_word_pieces_join_refuses_a_hole():
 
 
 # -- block tables ---------------------------------------------------------------------------------------------------
-class _Tables:
-    """One target set's tables (``BlockIndex``'s layout) and the loops that change them: the C or the Python ones."""
-
-    def __init__(self, loops: dict) -> None:
-        self.loops = loops
-        self.committed: dict[int, set[int]] = {}
-        self.pending: dict[int, dict[int, int]] = {}
-        self.index: dict[int, int] = {}
-
-    def apply(self, op: str, slot: int, hashes: list[int]):
-        committed = self.committed.setdefault(slot, set())
-        pending = self.pending.setdefault(slot, {})
-        bit, keep, f = 1 << slot, ~(1 << slot), self.loops[op]
-        if op == "promise":
-            return f(pending, self.index, bit, hashes)
-        if op == "retire":
-            return f(pending, committed, self.index, keep, hashes)
-        if op == "store":
-            return f(committed, pending, self.index, bit, hashes)
-        if op == "remove":
-            return f(committed, pending, self.index, keep, hashes)
-        if op == "committed_prefix":
-            return f(committed, hashes)
-        raise AssertionError(op)
-
-    def state(self):
-        return self.committed, self.pending, self.index
-
-
-def _loops(suffix: str, module) -> dict:
-    names = ("promise", "retire", "store", "remove", "match_groups", "committed_prefix")
-    return {n: getattr(module, n + suffix) for n in names}
+def _state(t) -> tuple:
+    """What the tables hold, comparable across the C and Python types (``export`` with sorted committed lists)."""
+    next_slot, tables = t.export()
+    return next_slot, {s: (sorted(c), p) for s, (c, p) in tables.items()}
 
 
 @needs_native
-@pytest.mark.parametrize("slots", [[0, 1, 2, 3], [0, 5, 61, 62, 63, 64, 200]])
-def test_block_tables_equal_the_python_reference_over_random_operations(slots):
-    """Every answer and every table equal after each of 6,000 random operations: hashes drawn from a small pool (so
-    promises stack, retires meet committed blocks, stores meet pending ones), with repeats inside one call, negative
-    and 64-bit hashes; slots past 61 make masks that no longer fit a C long."""
-    rng = random.Random(f"tables-{slots}")
-    pool = [rng.randrange(-2**63, 2**63) for _ in range(40)] + [0, -1, 1]
-    native, python = _Tables(_loops("", block_tables.native_block_tables)), _Tables(_loops("_py", block_tables))
-    ops = ["promise", "promise", "retire", "store", "remove", "committed_prefix"]
-    for step in range(6000):
-        op, slot = rng.choice(ops), rng.choice(slots)
+@pytest.mark.parametrize("n_slots", [4, 64])
+def test_block_tables_equal_the_python_reference_over_random_operations(n_slots):
+    """Every answer and every table equal after each of 8,000 random operations: hashes drawn from a small pool (so
+    promises stack up to several counts, retires meet committed blocks, stores meet pending ones), repeats inside one
+    call, negative and 64-bit hashes, queries with hashes past 64 bits, targets removed and added, the 64th slot."""
+    rng = random.Random(f"tables-{n_slots}")
+    pool = [rng.randrange(-2**63, 2**63) for _ in range(60)] + [0, -1, 1, -2**63, 2**63 - 1]
+    native, python = block_tables.native_block_tables.BlockTables(), block_tables.BlockTablesPy()
+    for _ in range(n_slots):
+        assert native.add_target() == python.add_target()
+    removed = set()
+    ops = ["promise", "promise", "promise", "retire", "retire", "store", "remove", "committed_prefix",
+           "all_committed", "is_committed", "sizes", "clear_committed"]
+    for step in range(8000):
+        live = [s for s in range(n_slots) if s not in removed]
+        op = rng.choice(ops)
+        slot = rng.choice(live)
         hashes = [rng.choice(pool) for _ in range(rng.randint(0, 12))]
-        got = native.apply(op, slot, list(hashes))
-        want = python.apply(op, slot, list(hashes))
-        assert got == want, (step, op, slot)
-        assert native.state() == python.state(), (step, op, slot)
-        mask = sum(1 << s for s in rng.sample(slots, rng.randint(1, len(slots))))
-        chain = rng.sample(pool, rng.randint(0, 10))
-        assert (block_tables.native_block_tables.match_groups(native.index, chain, mask)
-                == block_tables.match_groups_py(python.index, chain, mask)), step
-    assert python.index  # the sequence left blocks held, so the comparisons above saw non-trivial tables
+        if op == "is_committed":
+            args = (slot, rng.choice(pool))
+        elif op in ("sizes", "clear_committed"):
+            if op == "clear_committed" and rng.random() < 0.9:
+                continue
+            args = (slot,)
+        else:
+            args = (slot, list(hashes))
+        assert getattr(native, op)(*args) == getattr(python, op)(*args), (step, op, slot)
+        if step % 7 == 0:
+            assert _state(native) == _state(python), (step, op, slot)
+        mask = sum(1 << s for s in rng.sample(range(n_slots), rng.randint(1, n_slots)))
+        chain = rng.sample(pool, rng.randint(0, 10)) + ([2**64 + 5] if rng.random() < 0.05 else [])
+        assert native.match_groups(chain, mask) == python.match_groups(chain, mask), step
+        h = rng.choice(pool + [2**70])
+        assert native.holders(h) == python.holders(h)
+        if step % 1000 == 999 and len(live) > 1:  # a target leaves; its slot is never given again
+            gone = rng.choice(live)
+            native.remove_target(gone), python.remove_target(gone)
+            removed.add(gone)
+            assert not native.has_target(gone) and native.retire(gone, [pool[0]]) is None
+            assert _state(native) == _state(python)
+    assert native.blocks == python.blocks > 0  # the sequence left blocks held: the comparisons saw real tables
+    assert any(c for _, (_, c) in python.export()[1].items() if any(n > 2 for n in c.values()))  # counts stacked
+    for s in range(n_slots):
+        if s not in removed:
+            native.remove_target(s), python.remove_target(s)
+    assert native.blocks == python.blocks == 0
+
+
+@needs_native
+def test_block_tables_grow_through_many_blocks_and_empty_again():
+    """200,000 blocks over 3 targets: the table grows many times; removing everything leaves it empty, and the
+    answers stay those of the reference."""
+    native, python = block_tables.native_block_tables.BlockTables(), block_tables.BlockTablesPy()
+    for _ in range(3):
+        native.add_target(), python.add_target()
+    rng = random.Random("grow")
+    hashes = [rng.randrange(-2**63, 2**63) for _ in range(200_000)]
+    for t in (native, python):
+        t.store(0, hashes[:120_000])
+        t.promise(1, hashes[60_000:])
+        t.promise(2, hashes[::3])
+    assert native.blocks == python.blocks == 200_000
+    assert native.sizes(1) == python.sizes(1) == (0, 140_000)
+    assert native.match_groups(hashes[:10], 0b111) == python.match_groups(hashes[:10], 0b111)
+    for t in (native, python):
+        assert t.remove(0, hashes[:120_000]) == hashes[:120_000]
+        t.retire(1, hashes[60_000:])
+    assert native.retire(2, hashes[::3]) == python.retire(2, hashes[::3])
+    assert native.blocks == python.blocks == 0
 
 
 @needs_native
 def test_block_tables_accept_any_iterable_and_refuse_what_the_reference_refuses():
-    native = block_tables.native_block_tables
-    pending, index = {}, {}
-    assert native.promise(pending, index, 1, iter([5, 6, 5])) == [5, 6]
-    assert pending == {5: 2, 6: 1} and index == {5: 1, 6: 1}
-    assert native.retire(pending, set(), index, ~1, (h for h in [5, 6, 6])) == [6]
-    assert native.match_groups(index, (), 1) == [] == block_tables.match_groups_py(index, (), 1)
-    for promise in (native.promise, block_tables.promise_py):
-        with pytest.raises(TypeError):
-            promise({}, {}, 1, 5)  # not iterable
-        with pytest.raises(TypeError):
-            promise({}, {}, 1, [[1]])  # an unhashable hash
-    with pytest.raises(TypeError):
-        native.store([], pending, index, 1, [1])  # a committed table that is not a set
+    native, python = block_tables.native_block_tables.BlockTables(), block_tables.BlockTablesPy()
+    for t in (native, python):
+        a = t.add_target()
+        assert t.promise(a, iter([5, 6, 5])) == [5, 6]
+        assert t.retire(a, (h for h in [5, 6, 6])) == [6]
+        assert t.match_groups((), 1) == []
+        assert t.retire(7, [5]) is None  # a target that is not there
+        for method, args in (("promise", (a, 5)), ("store", (a, None))):
+            with pytest.raises(TypeError):
+                getattr(t, method)(*args)  # not iterable
+        for method, args in (("store", (9, [1])), ("sizes", (9,)), ("committed_prefix", (9, [1]))):
+            with pytest.raises(KeyError):
+                getattr(t, method)(*args)  # no such target
+    with pytest.raises(OverflowError):
+        native.promise(0, [1, 2**63])  # outside the C type's range: refused, nothing changed
+    assert native.sizes(0) == (0, 1) and native.holders(1) == 0
+
+
+def test_block_index_moves_to_the_python_tables_past_the_c_limits_with_the_same_contents():
+    """A hash past 64 bits, or a 65th target, moves ``BlockIndex`` to the Python tables once, holding the same
+    blocks; the answers go on as the reference's."""
+    from sgl_moe.router.placement.block_index import BlockIndex
+
+    for trigger in ("hash", "slot"):
+        ix, ref = BlockIndex(), BlockIndex(native=False)
+        for t in (ix, ref):
+            a, b = t.add_target(), t.add_target()
+            t.store(a, [1, 2, 3])
+            t.promise(b, [1, 2])
+            t.promise(b, [1])
+        if trigger == "hash":
+            assert ix.store(a, [4, 2**64]) == ref.store(a, [4, 2**64]) == [4, 2**64]
+        else:
+            for _ in range(70):
+                assert ix.add_target() == ref.add_target()
+        assert not ix.native
+        assert ix.match([1, 2, 3, 4], 0b11) == ref.match([1, 2, 3, 4], 0b11)
+        assert ix.retire(b, [1, 2]) == ref.retire(b, [1, 2]) == [2]
+        assert ix.sizes(a) == ref.sizes(a) and ix.sizes(b) == ref.sizes(b) == (0, 1)
+        assert ix.blocks == ref.blocks

@@ -87,7 +87,7 @@ def test_scheduler_attributes_and_index_mutators_are_published():
 
 def test_the_scan_knows_the_privates_the_simulator_used_to_touch():
     private = _router_private_names()
-    for name in ("_reference", "_adding", "_slot_owner", "_next_id", "_reserve", "_view", "_index",
+    for name in ("_reference", "_adding", "_slot_owner", "_next_id", "_reserve", "_view", "_tables",
                  "_hold_for_prefix", "_note_decision"):
         assert name in private, name
 
