@@ -14,6 +14,11 @@ the ``capacity`` most recently recorded hashes. A home that is no longer a routa
 On by default (``RouterConfig.prefix_homes``): on the CPU policy matrix with bounded pools it raised reuse where
 requests queue in the router (open 95%: cached 0.55 -> 0.69 against cache_aware's 0.66 / 0.69 in paired runs on a
 quiet host) and left throughput within the runs' spread.
+
+``PrefixHomes`` is the C type ``native_prefix_homes.PrefixHomes`` (``native_prefix_homes.c``, built at install) where
+it was built, else ``PrefixHomesPy``, its reference: the same answers, the same hashes kept and dropped in the same
+order (``tests/router/test_prefix_homes.py``). ``NATIVE`` says which one runs. The C type takes signed 64-bit hashes
+(the router's page hashes are).
 """
 
 from __future__ import annotations
@@ -21,6 +26,11 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Sequence
 from functools import lru_cache
+
+try:
+    from sgl_moe.router.placement import native_prefix_homes
+except ImportError:  # no C compiler at install: the Python map below
+    native_prefix_homes = None
 
 
 @lru_cache(maxsize=8192)
@@ -36,7 +46,7 @@ def sampled_positions(n: int) -> tuple[int, ...]:
     return tuple(sorted(set(out), reverse=True))
 
 
-class PrefixHomes:
+class PrefixHomesPy:
     """Block hash -> id of the worker the last request holding that prefix was placed on (bounded, LRU)."""
 
     def __init__(self, capacity: int = 1 << 20) -> None:
@@ -70,3 +80,11 @@ class PrefixHomes:
             if w is not None:
                 return w
         return None
+
+    def items(self) -> list[tuple[int, str]]:
+        """``[(hash, worker id)]``, least recently recorded first."""
+        return list(self._home.items())
+
+
+NATIVE = native_prefix_homes is not None
+PrefixHomes = native_prefix_homes.PrefixHomes if NATIVE else PrefixHomesPy

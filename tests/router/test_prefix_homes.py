@@ -1,14 +1,18 @@
 """Where each prefix last went (``RouterConfig.prefix_homes``): the map, and the policy's use of it."""
 
+import random
+import shutil
+
 import pytest
 
 from sgl_moe.flops import FlopsModel
 from sgl_moe.router.config import RouterConfig
 from sgl_moe.router.membership.worker import Worker
+from sgl_moe.router.placement import prefix_homes
 from sgl_moe.router.placement.block_index import BlockIndex
 from sgl_moe.router.placement.job import Job
 from sgl_moe.router.placement.pending import PendingLedger
-from sgl_moe.router.placement.prefix_homes import PrefixHomes, sampled_positions
+from sgl_moe.router.placement.prefix_homes import PrefixHomes, PrefixHomesPy, sampled_positions
 from sgl_moe.router.placement.scheduler import Scheduler
 from sgl_moe.wire import SaturationInfo, WorkerInfo
 
@@ -49,6 +53,60 @@ def test_the_map_keeps_the_most_recently_recorded():
     assert homes.home([1]) == "d" and homes.home([5]) == "e"
     with pytest.raises(ValueError):
         PrefixHomes(capacity=0)
+
+
+IMPLEMENTATIONS = [PrefixHomesPy] + ([prefix_homes.native_prefix_homes.PrefixHomes] if prefix_homes.NATIVE else [])
+
+
+@pytest.mark.skipif(not any(shutil.which(cc) for cc in ("cc", "gcc", "clang")),
+                    reason="no C compiler on PATH: the Python map runs, as it should")
+def test_the_c_map_was_built_where_a_compiler_is():
+    assert prefix_homes.NATIVE and PrefixHomes is prefix_homes.native_prefix_homes.PrefixHomes, (
+        "a C compiler is on PATH but the install did not build native_prefix_homes; rebuild with "
+        "`bash tools/bootstrap.sh` and read its build output")
+
+
+@pytest.mark.skipif(not prefix_homes.NATIVE, reason="the C map was not built (no C compiler at install)")
+@pytest.mark.parametrize("capacity", [1, 7, 64, 5000])
+def test_the_c_map_equals_the_python_reference_over_random_records(capacity):
+    """The same homes, the same hashes kept in the same order, after each of 6,000 random records and lookups:
+    prompts of 0-40 blocks sharing prefixes (so recorded hashes are recorded again and move to the newest), a small
+    capacity that drops hashes within one record, negative and 64-bit hashes, hashes past 64 bits looked up."""
+    rng = random.Random(f"homes-{capacity}")
+    roots = [[rng.randrange(-2**63, 2**63) for _ in range(40)] for _ in range(30)]
+    native, python = prefix_homes.native_prefix_homes.PrefixHomes(capacity), PrefixHomesPy(capacity)
+    for step in range(6000):
+        root = rng.choice(roots)
+        cut = rng.randint(0, len(root))
+        keys = root[:cut] + [rng.randrange(-2**63, 2**63) for _ in range(rng.randint(0, 3))]
+        if rng.random() < 0.5:
+            worker = f"w{rng.randrange(8)}"
+            native.record(keys, worker), python.record(keys, worker)
+        probe = keys if rng.random() < 0.7 else keys + [2**64 + 1]
+        assert native.home(probe) == python.home(probe), step
+        assert len(native) == len(python) <= capacity
+        if step % 50 == 0:
+            assert native.items() == python.items(), step
+    assert native.items() == python.items() and len(python) == min(capacity, len(python)) > 0
+
+
+@pytest.mark.parametrize("homes_type", IMPLEMENTATIONS)
+def test_the_map_refuses_what_it_cannot_hold(homes_type):
+    for bad in (0, -3):
+        with pytest.raises(ValueError):
+            homes_type(capacity=bad)
+    homes = homes_type(capacity=4)
+    with pytest.raises(TypeError):
+        homes.record(5, "a")  # not a sequence
+    assert homes.home([]) is None and homes.capacity == 4
+
+
+@pytest.mark.skipif(not prefix_homes.NATIVE, reason="the C map was not built (no C compiler at install)")
+def test_the_c_map_refuses_a_hash_past_64_bits_before_changing_anything():
+    homes = prefix_homes.native_prefix_homes.PrefixHomes(capacity=4)
+    with pytest.raises(OverflowError):
+        homes.record([1, 2**63], "a")
+    assert len(homes) == 0 and homes.home([1]) is None
 
 
 def scheduler(homes: bool, theta: float = 3e7):
