@@ -14,9 +14,12 @@ whatever the number of workers (seed 000 §7.2). The tables are ``block_tables``
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable, Sequence
 
 from sgl_moe.router.placement import block_tables
+
+log = logging.getLogger("sgl_moe.router.placement")
 
 
 class BlockIndex:
@@ -39,9 +42,11 @@ class BlockIndex:
         """Whether the C tables hold the blocks now."""
         return not isinstance(self._tables, block_tables.BlockTablesPy)
 
-    def _to_python(self) -> None:
+    def _to_python(self, why: str) -> None:
         """Go on with the Python tables, holding what the C ones hold (a target or a hash past their limits)."""
         self._tables = block_tables.BlockTablesPy.from_export(self._tables.export())
+        log.warning("block tables moved from C to Python (%s); answers are unchanged, placement costs more CPU "
+                    "from now on (%d blocks moved)", why, self._tables.blocks)
 
     # -- targets ---------------------------------------------------------------------------
     def add_target(self) -> int:
@@ -49,7 +54,7 @@ class BlockIndex:
         try:
             return self._tables.add_target()
         except OverflowError:  # the C tables' 64 slots are used up
-            self._to_python()
+            self._to_python("a 65th target: the C tables hold slots 0-63")
             return self._tables.add_target()
 
     def has_target(self, slot: int) -> bool:
@@ -66,7 +71,7 @@ class BlockIndex:
         try:
             return self._tables.store(slot, hashes)
         except OverflowError:  # a hash outside the C tables' range (nothing was changed)
-            self._to_python()
+            self._to_python("a stored block hash outside the signed 64-bit range")
             return self._tables.store(slot, hashes)
 
     def remove(self, slot: int, hashes: Iterable[int]) -> list[int]:
@@ -90,7 +95,7 @@ class BlockIndex:
         try:
             return self._tables.promise(slot, hashes)
         except OverflowError:  # a hash outside the C tables' range (nothing was changed)
-            self._to_python()
+            self._to_python("a promised block hash outside the signed 64-bit range")
             return self._tables.promise(slot, hashes)
 
     def retire(self, slot: int, hashes: Iterable[int]) -> list[int] | None:

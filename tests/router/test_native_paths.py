@@ -297,12 +297,14 @@ def test_block_tables_accept_any_iterable_and_refuse_what_the_reference_refuses(
     assert native.sizes(0) == (0, 1) and native.holders(1) == 0
 
 
-def test_block_index_moves_to_the_python_tables_past_the_c_limits_with_the_same_contents():
+@needs_native
+def test_block_index_moves_to_the_python_tables_past_the_c_limits_with_the_same_contents(caplog):
     """A hash past 64 bits, or a 65th target, moves ``BlockIndex`` to the Python tables once, holding the same
-    blocks; the answers go on as the reference's."""
+    blocks, and says so in the log; the answers go on as the reference's."""
     from sgl_moe.router.placement.block_index import BlockIndex
 
     for trigger in ("hash", "slot"):
+        caplog.clear()
         ix, ref = BlockIndex(), BlockIndex(native=False)
         for t in (ix, ref):
             a, b = t.add_target(), t.add_target()
@@ -315,6 +317,8 @@ def test_block_index_moves_to_the_python_tables_past_the_c_limits_with_the_same_
             for _ in range(70):
                 assert ix.add_target() == ref.add_target()
         assert not ix.native
+        moved = [r.getMessage() for r in caplog.records if "moved from C to Python" in r.getMessage()]
+        assert len(moved) == 1 and ("65th target" if trigger == "slot" else "64-bit range") in moved[0], moved
         assert ix.match([1, 2, 3, 4], 0b11) == ref.match([1, 2, 3, 4], 0b11)
         assert ix.retire(b, [1, 2]) == ref.retire(b, [1, 2]) == [2]
         assert ix.sizes(a) == ref.sizes(a) and ix.sizes(b) == ref.sizes(b) == (0, 1)
