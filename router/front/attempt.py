@@ -3,6 +3,7 @@ appended), the headers passed on, the fingerprint suspects are known by, and the
 
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -29,11 +30,18 @@ class Attempt:
     endpoint: str
     body: bytes
     headers: dict[str, str]
-    fingerprint: bytes
-    """``SuspectList.fingerprint`` of the route and body without any ``rid``."""
+    unnamed: bytes
+    """The body without any ``rid`` (``body`` itself when there is none): what ``fingerprint`` hashes."""
     abort_rid: str | None
     """The SGLang ``rid`` to abort on the worker if the client goes away (None: a batch, or no ``rid`` field;
     the worker then notices the closed connection itself)."""
+
+    @functools.cached_property
+    def fingerprint(self) -> bytes:
+        """``SuspectList.fingerprint`` of the route and the body without any ``rid`` (a resent request matches).
+        Made when first asked for: only a request that meets a suspect list, a failure or another replica's
+        placement needs it."""
+        return SuspectList.fingerprint(self.endpoint, self.unnamed)
 
     @classmethod
     def of(cls, endpoint: str, body: dict[str, Any], client_headers: Mapping[str, str],
@@ -42,8 +50,7 @@ class Attempt:
         ``pass_authorization``: the router has no keys of its own, so the client's ``authorization`` goes on to
         the workers (which check it, if anyone does)."""
         client_rid = body.pop("rid", None) if endpoint in RID_ENDPOINTS else None
-        data = orjson.dumps(body)
-        fingerprint = SuspectList.fingerprint(endpoint, data)  # without any rid: a resent request matches
+        data = unnamed = orjson.dumps(body)
         abort_rid = None
         if endpoint in RID_ENDPOINTS:
             if client_rid is None and single_prompt(endpoint, body):
@@ -59,7 +66,7 @@ class Attempt:
         for h in FORWARDED_HEADERS:
             if h in client_headers:
                 headers[h] = client_headers[h]
-        return cls(endpoint, data, headers, fingerprint, abort_rid)
+        return cls(endpoint, data, headers, unnamed, abort_rid)
 
 
 def single_prompt(endpoint: str, body: dict[str, Any]) -> bool:

@@ -129,8 +129,7 @@ def plan_units(router: Router, tasks: list[Task], model: str | None, batch: bool
 async def classify(router: Router, request: web.Request) -> web.Response:
     t0 = time.perf_counter()
     resp = await _classify(router, request)
-    router.metrics.requests.labels("/v1/classify", str(resp.status)).inc()
-    router.metrics.request_seconds.labels("/v1/classify").observe(time.perf_counter() - t0)
+    router.metrics.answered("/v1/classify", resp.status, time.perf_counter() - t0)
     return resp
 
 
@@ -162,7 +161,7 @@ async def _classify(router: Router, request: web.Request) -> web.Response:
 
     async def run_unit(unit: PlannedUnit, urid: str) -> tuple[int, dict]:
         attempt = Attempt.of(SCORE, unit.parsed.body, request.headers, pass_authorization)
-        resp = router.refuse_suspect(urid, attempt.fingerprint)
+        resp = router.refuse_suspect(urid, attempt)
         if resp is None:
             async with gate:
                 resp = await router.run(urid, unit.parsed, lambda p: router.forwarder.forward(attempt, p),

@@ -91,10 +91,9 @@ class Forwarder:
         worker = placement.worker
         ok = aborting = False
         try:
-            async with self.client.post(worker.url + attempt.endpoint, attempt.body, attempt.headers) as resp:
-                payload = await resp.read()
-                status = resp.status
-                ctype = resp.headers.get("content-type", "application/json")
+            status, headers, payload = await self.client.fetch(worker.url + attempt.endpoint, attempt.body,
+                                                               attempt.headers)
+            ctype = headers.get("content-type", "application/json")
             worker.last_progress = time.monotonic()
             if status >= 500:
                 raise WorkerFailure(f"answered {status}: {payload[:300].decode(errors='replace')}", transport=False)

@@ -33,6 +33,18 @@ class RouterMetrics:
                                          ["endpoint"], registry=r,
                                          buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 300))
         r.register(_StateCollector(router))
+        self._answered: dict[tuple[str, int], tuple] = {}
+        """(endpoint, status) -> the two labelled children ``answered`` updates (``labels`` takes a lock and
+        builds a key on every call)."""
+
+    def answered(self, endpoint: str, status: int, seconds: float) -> None:
+        """A request to ``endpoint`` was answered with ``status`` after ``seconds``."""
+        children = self._answered.get((endpoint, status))
+        if children is None:
+            children = self._answered[(endpoint, status)] = (self.requests.labels(endpoint, str(status)),
+                                                             self.request_seconds.labels(endpoint))
+        children[0].inc()
+        children[1].observe(seconds)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

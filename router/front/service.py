@@ -229,8 +229,7 @@ class Router:
         endpoint = request.path
         t0 = time.perf_counter()
         resp = await self._handle(request, endpoint)
-        self.metrics.requests.labels(endpoint, str(resp.status)).inc()
-        self.metrics.request_seconds.labels(endpoint).observe(time.perf_counter() - t0)
+        self.metrics.answered(endpoint, resp.status, time.perf_counter() - t0)
         return resp
 
     async def _handle(self, request: web.Request, endpoint: str) -> web.StreamResponse:
@@ -265,7 +264,7 @@ class Router:
         await self.order.wait_turn(ticket)
         attempt = Attempt.of(endpoint, parsed.body, request.headers,
                              pass_authorization=self.cfg.api_key is None and self.cfg.admin_api_key is None)
-        refusal = self.refuse_suspect(rid, attempt.fingerprint)
+        refusal = self.refuse_suspect(rid, attempt)
         if refusal is not None:
             return refusal
         failed = self._front_failure(request) if self.owner is not None else None
@@ -317,9 +316,9 @@ class Router:
                      dataclasses.asdict(pool.limits), pool.plain.learned_about(url, info) is not None,
                      None if tok.exact else tok.inexact_reason, self.cfg.prefix_memo)
 
-    def refuse_suspect(self, rid: str, fingerprint: bytes) -> web.Response | None:
+    def refuse_suspect(self, rid: str, attempt: Attempt) -> web.Response | None:
         """The 400 for a poison request (its run alone killed a second worker: ``suspects``), else None."""
-        suspect = self.suspects.find(fingerprint)
+        suspect = self.suspects.find(attempt.fingerprint) if self.suspects else None
         if suspect is None or not suspect.poison:
             return None
         self.suspects.refused += 1
@@ -352,8 +351,10 @@ class Router:
         first try a front process made (``--front-processes``); the run goes on from there.
         """
         job = self._job(rid, parsed)
-        key = attempt.fingerprint if attempt is not None else None
-        suspect = self.suspects.find(key) if key is not None else None
+        key: bytes | None = None  # the attempt's fingerprint, made only when something needs it
+        if attempt is not None and (self.suspects or failed is not None or self._placing() is not None):
+            key = attempt.fingerprint
+        suspect = self.suspects.find(key) if key is not None and self.suspects else None
         if suspect is not None and suspect.poison:
             return self._poison_response(suspect)
         run = _Run(alone=suspect is not None)  # a resent suspect runs alone, as its first try did
@@ -395,6 +396,8 @@ class Router:
                     log.warning("request %s ran alone on worker %s, which lived: innocent", rid, placement.worker.id)
                 return resp
             except WorkerFailure as exc:
+                if key is None and attempt is not None:
+                    key = attempt.fingerprint
                 answer = await self._after_failure(job, placement.worker, exc, key, run, retryable)
                 if answer is not None:
                     return answer
@@ -404,10 +407,14 @@ class Router:
 
     def _acquire(self, job: Job, fingerprint: bytes | None) -> Awaitable[Placement]:
         """``Scheduler.acquire``, or with one placement owner among the router replicas, its placement."""
-        placing = self.peers.placing if self.peers is not None else None
+        placing = self._placing()
         if placing is None:
             return self.scheduler.acquire(job)
         return placing.acquire(job, fingerprint or b"", self.pool.worker_at, self.scheduler.acquire)
+
+    def _placing(self):
+        """The placement owner among the router replicas, when another one places (``shared_placement``)."""
+        return self.peers.placing if self.peers is not None else None
 
     def _release(self, placement: Placement, *, ok: bool) -> None:
         """``Scheduler.release``, or for a placement another replica made, tell it (``Placement.settle``)."""

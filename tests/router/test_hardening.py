@@ -20,6 +20,7 @@ from aiohttp.test_utils import TestClient, TestServer
 from doubles.stand_in import StandIn, tokenizer_dir
 
 from sgl_moe.router.config import RouterConfig
+from sgl_moe.router.front.attempt import Attempt
 from sgl_moe.router.front.auth import allowed, bearer, route_level
 from sgl_moe.router.front.service import ROUTER, build_app, describe_config
 from sgl_moe.router.placement.suspects import Suspect, SuspectList
@@ -366,6 +367,21 @@ def test_a_suspect_is_cleared_by_a_run_alone_or_convicted_by_a_second_death():
     suspects.add(b, Suspect("r4", "w2", at=106.0))
     assert suspects.find(b, now=114.0).poison  # the TTL runs from the conviction
     assert suspects.find(b, now=115.0) is None
+
+
+def test_an_attempt_is_known_by_its_body_without_the_rid():
+    """The router's ``rid`` goes into the bytes sent, not into the fingerprint: a client resending the same request
+    (with its own ``rid``, or none) is the same suspect."""
+    body = {"text": "hello", "sampling_params": {"max_new_tokens": 1}}
+    made = Attempt.of("/generate", dict(body), {}, pass_authorization=False)
+    sent = orjson.loads(made.body)
+    assert sent["rid"] == made.abort_rid and made.abort_rid.startswith("sgl-moe-")
+    assert {k: v for k, v in sent.items() if k != "rid"} == body
+    given = Attempt.of("/generate", {**body, "rid": "mine"}, {}, pass_authorization=False)
+    assert orjson.loads(given.body)["rid"] == given.abort_rid == "mine"
+    plain = orjson.dumps(body)
+    assert made.fingerprint == given.fingerprint == SuspectList.fingerprint("/generate", plain)
+    assert SuspectList.fingerprint("/v1/score", plain) != made.fingerprint
 
 
 # -- slow clients --------------------------------------------------------------------------------------------

@@ -19,6 +19,18 @@ def _client(**kw) -> WorkerClient:
                         keepalive_s=kw.pop("keepalive_s", 30.0), **kw)
 
 
+READS = ("post", "fetch")
+"""The two ways to read a whole answer: ``post`` then ``read``, and ``fetch`` (what forwarding uses)."""
+
+
+async def _exchange(client: WorkerClient, how: str, url: str, body: bytes = b"{}",
+                    headers: dict | None = None) -> tuple[int, dict, bytes]:
+    if how == "fetch":
+        return await client.fetch(url, body, headers or {})
+    async with client.post(url, body, headers or {}) as resp:
+        return resp.status, resp.headers, await resp.read()
+
+
 class _Worker:
     """An aiohttp server; counts the connections it accepted and keeps what each request carried."""
 
@@ -62,19 +74,21 @@ class _Worker:
         return out
 
 
-def test_answers_and_reuses_one_connection():
+@pytest.mark.parametrize("how", READS)
+def test_answers_and_reuses_one_connection(how):
     async def main():
         worker = _Worker()
         url = await worker.start()
         client = _client(headers={"Authorization": "Bearer k"})
         try:
             for i in range(3):
-                async with client.post(url + "/generate?x=1", b'{"a":%d}' % i, {"content-type": "application/json",
-                                                                              "x-data-parallel-rank": "0"}) as resp:
-                    assert resp.status == 201
-                    assert resp.headers["content-type"].startswith("application/json")
-                    assert resp.headers["x-extra"] == "yes"
-                    assert await resp.read() == b'{"echo": 7}'
+                status, headers, body = await _exchange(client, how, url + "/generate?x=1", b'{"a":%d}' % i,
+                                                        {"content-type": "application/json",
+                                                         "x-data-parallel-rank": "0"})
+                assert status == 201
+                assert headers["content-type"].startswith("application/json")
+                assert headers["x-extra"] == "yes"
+                assert body == b'{"echo": 7}'
         finally:
             client.close()
             await worker.runner.cleanup()
@@ -115,18 +129,36 @@ def test_streams_chunks_as_they_come_and_large_bodies_whole():
     asyncio.run(main())
 
 
+def test_fetch_reads_a_large_body_whole_and_keeps_the_connection():
+    async def main():
+        worker = _Worker()
+        url = await worker.start()
+        client = _client()
+        try:
+            for _ in range(2):  # past READ_PAUSE_BYTES: reading pauses, then resumes as fetch takes the chunks
+                status, _, body = await client.fetch(url + "/big", b"{}", {})
+                assert status == 200 and len(body) == 48 * 65536 > READ_PAUSE_BYTES
+                assert body == b"".join(bytes([i]) * 65536 for i in range(48))
+        finally:
+            client.close()
+            await worker.runner.cleanup()
+        assert client.connections_made == 1
+
+    asyncio.run(main())
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
 
 
-def test_refused_connection_is_a_connect_failure():
+@pytest.mark.parametrize("how", READS)
+def test_refused_connection_is_a_connect_failure(how):
     async def main():
         client = _client()
         with pytest.raises(WorkerFailure) as info:
-            async with client.post(f"http://127.0.0.1:{_free_port()}/generate", b"{}", {}):
-                pass
+            await _exchange(client, how, f"http://127.0.0.1:{_free_port()}/generate")
         assert info.value.connect and info.value.transport and not info.value.timeout
 
     asyncio.run(main())
@@ -144,7 +176,8 @@ async def _read_request(reader: asyncio.StreamReader) -> bytes:
     return head + await reader.readexactly(length)
 
 
-def test_broken_answers_are_transport_failures():
+@pytest.mark.parametrize("how", READS)
+def test_broken_answers_are_transport_failures(how):
     async def cut_body(reader, writer):
         await _read_request(reader)
         writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\n0123456789")
@@ -162,8 +195,7 @@ def test_broken_answers_are_transport_failures():
             client = _client()
             try:
                 with pytest.raises(WorkerFailure) as info:
-                    async with client.post(url + "/generate", b"{}", {}) as resp:
-                        await resp.read()
+                    await _exchange(client, how, url + "/generate")
                 assert info.value.transport and not info.value.connect and not info.value.timeout, handler
             finally:
                 client.close()
@@ -172,7 +204,8 @@ def test_broken_answers_are_transport_failures():
     asyncio.run(main())
 
 
-def test_no_answer_in_time_is_a_timeout_and_closes_the_connection():
+@pytest.mark.parametrize("how", READS)
+def test_no_answer_in_time_is_a_timeout_and_closes_the_connection(how):
     async def silent(reader, writer):
         await _read_request(reader)
         await reader.read()  # until the client closes
@@ -189,8 +222,7 @@ def test_no_answer_in_time_is_a_timeout_and_closes_the_connection():
             t0 = time.monotonic()
             try:
                 with pytest.raises(WorkerFailure) as info:
-                    async with client.post(url + "/generate", b"{}", {}) as resp:
-                        await resp.read()
+                    await _exchange(client, how, url + "/generate")
                 assert info.value.timeout and not info.value.transport, handler
                 assert 0.25 < time.monotonic() - t0 < 5
                 assert not client._idle.get(next(iter(client._origins.values()))[0])  # not kept for reuse
@@ -201,7 +233,8 @@ def test_no_answer_in_time_is_a_timeout_and_closes_the_connection():
     asyncio.run(main())
 
 
-def test_a_connection_the_worker_closed_while_idle_is_replaced_unnoticed():
+@pytest.mark.parametrize("how", READS)
+def test_a_connection_the_worker_closed_while_idle_is_replaced_unnoticed(how):
     connections = []
 
     async def answer_once(reader, writer):  # keep-alive by default, but closes right after answering
@@ -217,8 +250,7 @@ def test_a_connection_the_worker_closed_while_idle_is_replaced_unnoticed():
         client = _client()
         try:
             for _ in range(3):
-                async with client.post(url + "/generate", b"{}", {}) as resp:
-                    assert await resp.read() == b"ok"
+                assert (await _exchange(client, how, url + "/generate"))[2] == b"ok"
                 await asyncio.sleep(0.2)  # the worker has closed the idle connection by now
         finally:
             client.close()
@@ -228,7 +260,8 @@ def test_a_connection_the_worker_closed_while_idle_is_replaced_unnoticed():
     asyncio.run(main())
 
 
-def test_a_worker_that_dies_of_a_request_on_a_reused_connection_is_a_transport_failure():
+@pytest.mark.parametrize("how", READS)
+def test_a_worker_that_dies_of_a_request_on_a_reused_connection_is_a_transport_failure(how):
     state = {"n": 0}
 
     async def die_on_second(reader, writer):
@@ -247,11 +280,9 @@ def test_a_worker_that_dies_of_a_request_on_a_reused_connection_is_a_transport_f
         server, url = await _raw_server(die_on_second)
         client = _client()
         try:
-            async with client.post(url + "/generate", b"{}", {}) as resp:
-                assert await resp.read() == b"ok"
+            assert (await _exchange(client, how, url + "/generate"))[2] == b"ok"
             with pytest.raises(WorkerFailure) as info:
-                async with client.post(url + "/generate", b"{}", {}) as resp:
-                    await resp.read()
+                await _exchange(client, how, url + "/generate")
             assert info.value.transport and not info.value.connect, info.value  # not "nothing reached it"
         finally:
             client.close()
@@ -261,7 +292,8 @@ def test_a_worker_that_dies_of_a_request_on_a_reused_connection_is_a_transport_f
     asyncio.run(main())
 
 
-def test_server_connection_close_and_old_idle_connections_are_not_reused():
+@pytest.mark.parametrize("how", READS)
+def test_server_connection_close_and_old_idle_connections_are_not_reused(how):
     async def close_each(reader, writer):
         await _read_request(reader)
         writer.write(b"HTTP/1.1 200 OK\r\nConnection: close\r\nContent-Length: 2\r\n\r\nok")
@@ -273,8 +305,7 @@ def test_server_connection_close_and_old_idle_connections_are_not_reused():
         client = _client()
         try:
             for _ in range(2):
-                async with client.post(url + "/generate", b"{}", {}) as resp:
-                    assert await resp.read() == b"ok"
+                assert (await _exchange(client, how, url + "/generate"))[2] == b"ok"
         finally:
             client.close()
             server.close()
@@ -284,8 +315,7 @@ def test_server_connection_close_and_old_idle_connections_are_not_reused():
         client = _client(keepalive_s=0.1)
         try:
             for _ in range(2):
-                async with client.post(url + "/generate", b"{}", {}) as resp:
-                    await resp.read()
+                await _exchange(client, how, url + "/generate")
                 await asyncio.sleep(0.2)  # older than keepalive_s: closed, not reused
         finally:
             client.close()
@@ -295,7 +325,8 @@ def test_server_connection_close_and_old_idle_connections_are_not_reused():
     asyncio.run(main())
 
 
-def test_a_cancelled_request_closes_its_connection():
+@pytest.mark.parametrize("how", READS)
+def test_a_cancelled_request_closes_its_connection(how):
     gone = []
 
     async def hold(reader, writer):
@@ -308,8 +339,7 @@ def test_a_cancelled_request_closes_its_connection():
         client = _client()
 
         async def call():
-            async with client.post(url + "/generate", b"{}", {}) as resp:
-                await resp.read()
+            await _exchange(client, how, url + "/generate")
 
         try:
             task = asyncio.create_task(call())
