@@ -233,60 +233,58 @@ class WorkerClient:
     async def post(self, url: str, body: bytes, headers: Mapping[str, str]) -> AsyncIterator[WorkerResponse]:
         """``POST url`` with ``body``; the answer, open until the block ends (a body not read to its end then
         closes the connection). Raises ``WorkerFailure``."""
-        origin, data = self._request(url, body, headers)
-        loop = asyncio.get_running_loop()
-        clock = _Clock(self.total_timeout_s)
-        timer = loop.call_later(self.total_timeout_s, clock.expire) if self.total_timeout_s else None
+        origin, conn, ex, timer = await self._open(url, body, headers)
         try:
-            conn, ex = await self._send(loop, origin, data, clock)
-            try:
-                yield WorkerResponse(ex)
-            finally:
-                self._give_back(origin, conn)
+            yield WorkerResponse(ex)
         finally:
-            if timer is not None:
-                timer.cancel()
+            self._end(origin, conn, timer)
 
     async def fetch(self, url: str, body: bytes, headers: Mapping[str, str]) -> tuple[int, dict[str, str], bytes]:
         """``POST url`` with ``body``; the answer's status, headers (names in lower case) and whole body. What
         ``post`` then ``read`` give, in one await when the answer comes at once (the forwarded non-streamed
         requests). Raises ``WorkerFailure``."""
-        origin, data = self._request(url, body, headers)
+        origin, conn, ex, timer = await self._open(url, body, headers)
+        try:
+            parts = []
+            while True:
+                buffer = ex.buffer
+                while buffer:
+                    parts.append(buffer.popleft())
+                ex.buffered = 0
+                if ex.complete:
+                    return ex.status, ex.headers, b"".join(parts)
+                if ex.error is not None:
+                    raise ex.error
+                if ex.paused:
+                    ex.resume()
+                ex.waiter = asyncio.get_running_loop().create_future()
+                await ex.waiter
+        finally:
+            self._end(origin, conn, timer)
+
+    async def _open(self, url: str, body: bytes, headers: Mapping[str, str]
+                    ) -> tuple[Origin, _Connection, _Exchange, asyncio.TimerHandle | None]:
+        """Send ``POST url`` and wait for the answer's head, under the total timeout; ``_end`` closes the exchange."""
+        origin, target = self._split(url)
+        data = b"".join((b"POST ", target.encode(), b" HTTP/1.1\r\nHost: ", origin.host_header, b"\r\n", self._fixed,
+                         *(_header_line(k, v) for k, v in headers.items()),
+                         b"Content-Length: ", str(len(body)).encode(), b"\r\n\r\n", body))
         loop = asyncio.get_running_loop()
         clock = _Clock(self.total_timeout_s)
         timer = loop.call_later(self.total_timeout_s, clock.expire) if self.total_timeout_s else None
         try:
             conn, ex = await self._send(loop, origin, data, clock)
-            try:
-                parts = []
-                while True:
-                    buffer = ex.buffer
-                    while buffer:
-                        parts.append(buffer.popleft())
-                    ex.buffered = 0
-                    if ex.complete:
-                        return ex.status, ex.headers, b"".join(parts)
-                    if ex.error is not None:
-                        raise ex.error
-                    if ex.paused:
-                        ex.resume()
-                    ex.waiter = loop.create_future()
-                    await ex.waiter
-            finally:
-                self._give_back(origin, conn)
-        finally:
+        except BaseException:
             if timer is not None:
                 timer.cancel()
+            raise
+        return origin, conn, ex, timer
 
-    def _request(self, url: str, body: bytes, headers: Mapping[str, str]) -> tuple[Origin, bytes]:
-        """Where ``POST url`` goes, and its bytes."""
-        origin, target = self._split(url)
-        return origin, b"".join((b"POST ", target.encode(), b" HTTP/1.1\r\nHost: ", origin.host_header, b"\r\n",
-                                 self._fixed, *(_header_line(k, v) for k, v in headers.items()),
-                                 b"Content-Length: ", str(len(body)).encode(), b"\r\n\r\n", body))
-
-    def _give_back(self, origin: Origin, conn: _Connection) -> None:
-        """An exchange ended: keep its connection for the next request when its answer was read to the end."""
+    def _end(self, origin: Origin, conn: _Connection, timer: asyncio.TimerHandle | None) -> None:
+        """An exchange ended: stop its timer, and keep its connection for the next request when its answer was read
+        to the end."""
+        if timer is not None:
+            timer.cancel()
         conn.exchange = None if conn.reusable() else conn.exchange
         if conn.exchange is None and not self.closed:
             conn.idle_since = time.monotonic()
