@@ -1,148 +1,528 @@
-/* A text's pieces looked up in ``piece_cache``'s two tables, in C: the per-piece loop of ``PieceCache``.
+/* ``PieceTable`` in C: the ids of word pieces, looked up without a Python object per piece.
 
-   ``word_pieces.py`` holds the reference (``lookup`` and ``join`` in Python) and says what a piece is; this module
-   computes the same without a Python step per piece. Its tests (``tests/router/test_native_paths.py``) compare the
-   two on random and adversarial texts.
+   ``word_pieces.py`` says what a piece is and holds the reference (``PieceTablePy``, two dicts); this type answers
+   the same calls. Its tests (``tests/router/test_native_paths.py``) compare the two on random and adversarial
+   texts.
 
-   lookup(text, kept, words) -> (ids, None, None, pieces) when every piece's ids are kept, else
-                                (found, missing, new, pieces): found[j] the j-th piece's ids or None,
-                                missing the j of each None, new the text of each missing piece.
-   join(found) -> the ids of found's lists, in order. */
+   The Python table made a str for every piece of every text (to look it up in a dict), then copied the pieces'
+   ids from their lists. Here a text's pieces are found in its UTF-8 bytes (a space is one byte there and is never
+   part of another character's bytes, so the pieces are the same), hashed where they lie, and looked up in one
+   open-addressing table whose keys and ids live in two arenas. The ids of a text come out as one list of ints,
+   each taken from a vector of int objects indexed by id, so a kept piece costs no allocation.
+
+   A piece is hashed with a seed drawn per table, and none is kept more than MAX_PROBE slots from its home slot:
+   text that makes hashes collide (the router reads its users' text) slows a lookup by at most that many slots,
+   and such a piece is encoded each time instead of kept.
+
+   PieceTable(max_pieces, max_chars)
+   lookup(text) -> (ids, [], pieces) when every piece of ``text`` is kept, else (partial, new, pieces): ``new`` the
+       texts of the pieces not kept, in order of appearance, once each; ``pieces`` how many pieces ``text`` has.
+   partial.fill(fresh) -> (ids, []) with the pieces not kept taken from ``fresh`` (a dict of piece -> ids), or
+       (None, unknown) when some are in neither (dropped from the table since ``lookup``). A partial keeps where
+       the kept pieces lie, so ``fill`` does not look them up again unless the table was rebuilt since.
+   keep(fresh) -> None: keeps each piece of ``fresh`` up to ``max_chars`` characters; at ``max_pieces`` pieces
+       the older half is dropped (the table is rebuilt from the newer half).
+   len(table): pieces kept. */
 
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <stdint.h>
+#include <string.h>
+
+#define MAX_PROBE 32
+#define MAX_CACHED_ID (1u << 22) /* ids below this share one int object each (a vocabulary is smaller) */
 
 typedef struct {
-    PyObject **items;
-    Py_ssize_t len, cap;
-} Found;
+    uint64_t hash; /* 0: an empty slot */
+    uint64_t seq;  /* when it was kept: the older half goes first */
+    uint32_t key_at, key_len, ids_at, ids_len;
+} Slot;
 
-static int found_push(Found *f, PyObject *ids) { /* takes a new reference (or NULL for a missing piece) */
-    if (f->len == f->cap) {
-        Py_ssize_t cap = f->cap ? 2 * f->cap : 64;
-        PyObject **items = PyMem_Realloc(f->items, (size_t)cap * sizeof(PyObject *));
-        if (items == NULL) {
-            Py_XDECREF(ids);
-            PyErr_NoMemory();
-            return -1;
-        }
-        f->items = items;
-        f->cap = cap;
+typedef struct {
+    PyObject_HEAD
+    Slot *slots;
+    size_t mask; /* slots - 1 */
+    size_t count;
+    uint64_t seq, seed;
+    uint64_t generation; /* rebuilds so far (slots move) */
+    char *keys;
+    size_t keys_len, keys_cap;
+    uint32_t *ids;
+    size_t ids_len, ids_cap;
+    PyObject **id_objs; /* id -> its int object, made on first use */
+    size_t id_objs_len;
+    Py_ssize_t max_pieces, max_chars;
+} PieceTable; /* slots: a power of two, at least twice ``count`` (they double as pieces are kept) */
+
+static inline uint64_t mix(uint64_t h) {
+    h ^= h >> 31;
+    h *= 0x7fb5d329728ea185ULL;
+    h ^= h >> 27;
+    h *= 0x81dadef4bc2dd44dULL;
+    return h ^ (h >> 33);
+}
+
+static uint64_t hash_bytes(const char *s, size_t n, uint64_t seed) {
+    uint64_t h = seed ^ (n * 0x9e3779b97f4a7c15ULL);
+    while (n >= 8) {
+        uint64_t w;
+        memcpy(&w, s, 8);
+        h = mix(h ^ w);
+        s += 8;
+        n -= 8;
     }
-    f->items[f->len++] = ids;
-    return 0;
+    uint64_t w = 0;
+    memcpy(&w, s, n);
+    h = mix(h ^ w ^ ((uint64_t)n << 56));
+    return h | 1; /* never 0: 0 marks an empty slot */
 }
 
-static void found_clear(Found *f) {
-    for (Py_ssize_t i = 0; i < f->len; i++)
-        Py_XDECREF(f->items[i]);
-    PyMem_Free(f->items);
-}
-
-static PyObject *flatten(PyObject **lists, Py_ssize_t n) {
-    Py_ssize_t total = 0;
-    for (Py_ssize_t i = 0; i < n; i++) {
-        if (!PyList_Check(lists[i])) {
-            PyErr_SetString(PyExc_TypeError, "a piece's ids must be a list");
+/* The slot holding this key, or NULL. */
+static Slot *find(PieceTable *t, const char *key, size_t len, uint64_t h) {
+    size_t at = (size_t)h & t->mask;
+    for (int probe = 0; probe < MAX_PROBE; probe++, at = (at + 1) & t->mask) {
+        Slot *s = &t->slots[at];
+        if (s->hash == 0)
             return NULL;
-        }
-        total += PyList_GET_SIZE(lists[i]);
+        if (s->hash == h && s->key_len == len && memcmp(t->keys + s->key_at, key, len) == 0)
+            return s;
     }
-    PyObject *out = PyList_New(total);
-    if (out == NULL)
-        return NULL;
-    Py_ssize_t at = 0;
-    for (Py_ssize_t i = 0; i < n; i++) {
-        Py_ssize_t m = PyList_GET_SIZE(lists[i]);
-        PyObject **src = ((PyListObject *)lists[i])->ob_item;
-        for (Py_ssize_t j = 0; j < m; j++)
-            PyList_SET_ITEM(out, at++, Py_NewRef(src[j]));
-    }
-    return out;
-}
-
-static PyObject *lookup(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 3 || !PyUnicode_Check(args[0]) || !PyDict_Check(args[1]) || !PyDict_Check(args[2])) {
-        PyErr_SetString(PyExc_TypeError, "lookup(text: str, kept: dict, words: dict)");
-        return NULL;
-    }
-    PyObject *text = args[0], *kept = args[1], *words = args[2];
-    int kind = PyUnicode_KIND(text);
-    const void *data = PyUnicode_DATA(text);
-    Py_ssize_t n = PyUnicode_GET_LENGTH(text);
-    Found found = {NULL, 0, 0};
-    PyObject *missing = NULL, *fresh = NULL;
-    Py_ssize_t i = 0;
-    while (i < n) {
-        Py_ssize_t start = i;
-        while (i < n && PyUnicode_READ(kind, data, i) == ' ')
-            i++;
-        Py_ssize_t spaces = i - start;
-        while (i < n && PyUnicode_READ(kind, data, i) != ' ')
-            i++;
-        /* One space then a word (or a lone space ending the text) is kept by the word; any other piece (the first
-           word, two spaces or more with or without a word) by its text. */
-        PyObject *key = PyUnicode_Substring(text, spaces == 1 ? start + 1 : start, i);
-        if (key == NULL)
-            goto fail;
-        PyObject *ids = PyDict_GetItemWithError(spaces == 1 ? words : kept, key);
-        Py_DECREF(key);
-        if (ids == NULL && PyErr_Occurred())
-            goto fail;
-        if (ids == NULL) {
-            if (missing == NULL && ((missing = PyList_New(0)) == NULL || (fresh = PyList_New(0)) == NULL))
-                goto fail;
-            PyObject *at = PyLong_FromSsize_t(found.len);
-            PyObject *piece = at ? PyUnicode_Substring(text, start, i) : NULL;
-            int bad = piece == NULL || PyList_Append(missing, at) < 0 || PyList_Append(fresh, piece) < 0;
-            Py_XDECREF(at);
-            Py_XDECREF(piece);
-            if (bad || found_push(&found, NULL) < 0)
-                goto fail;
-        } else if (found_push(&found, Py_NewRef(ids)) < 0) {
-            goto fail;
-        }
-    }
-    PyObject *out;
-    if (missing == NULL) {
-        PyObject *ids = flatten(found.items, found.len);
-        if (ids == NULL)
-            goto fail;
-        out = Py_BuildValue("(NOOn)", ids, Py_None, Py_None, found.len);
-    } else {
-        PyObject *list = PyList_New(found.len);
-        if (list == NULL)
-            goto fail;
-        for (Py_ssize_t j = 0; j < found.len; j++) {
-            PyList_SET_ITEM(list, j, found.items[j] ? found.items[j] : Py_NewRef(Py_None));
-            found.items[j] = NULL;  /* the list holds the reference now */
-        }
-        out = Py_BuildValue("(NNNn)", list, missing, fresh, found.len);
-    }
-    found_clear(&found);
-    return out;
-fail:
-    found_clear(&found);
-    Py_XDECREF(missing);
-    Py_XDECREF(fresh);
     return NULL;
 }
 
-static PyObject *join(PyObject *self, PyObject *arg) {
-    if (!PyList_Check(arg)) {
-        PyErr_SetString(PyExc_TypeError, "join(found: list[list[int]])");
-        return NULL;
+static int grow(void **buf, size_t *cap, size_t need, size_t item) {
+    if (need <= *cap)
+        return 0;
+    size_t cap2 = *cap ? *cap : 64;
+    while (cap2 < need)
+        cap2 *= 2;
+    void *p = PyMem_Realloc(*buf, cap2 * item);
+    if (p == NULL) {
+        PyErr_NoMemory();
+        return -1;
     }
-    return flatten(((PyListObject *)arg)->ob_item, PyList_GET_SIZE(arg));
+    *buf = p;
+    *cap = cap2;
+    return 0;
 }
 
-static PyMethodDef methods[] = {
-    {"lookup", (PyCFunction)(void (*)(void))lookup, METH_FASTCALL,
-     "lookup(text, kept, words) -> (ids | found, missing | None, new | None, pieces); see the module."},
-    {"join", join, METH_O, "join(found) -> the ids of found's lists, in order."},
+/* Puts a key not in the table in its first empty slot within MAX_PROBE of home; 0 when there is none (not kept). */
+static Slot *place(PieceTable *t, uint64_t h) {
+    size_t at = (size_t)h & t->mask;
+    for (int probe = 0; probe < MAX_PROBE; probe++, at = (at + 1) & t->mask)
+        if (t->slots[at].hash == 0)
+            return &t->slots[at];
+    return NULL;
+}
+
+/* Moves the pieces kept since ``cut`` (their ``seq``) into ``n`` new slots and fresh, compact arenas. Pieces get
+   their ``seq`` when kept, one after another, and only a rebuild drops any, keeping every one from ``cut`` on: the
+   kept seqs are always the last ``count`` given, so the newer half is the seqs from ``seq - count / 2``. */
+static int rebuild(PieceTable *t, size_t n, uint64_t cut) {
+    size_t old_n = t->mask + 1;
+    Slot *old = t->slots;
+    char *old_keys = t->keys;
+    uint32_t *old_ids = t->ids;
+    Slot *slots = PyMem_Calloc(n, sizeof(Slot));
+    char *keys = PyMem_Malloc(t->keys_cap ? t->keys_cap : 1); /* the kept pieces fit in the caps they had */
+    uint32_t *ids = PyMem_Malloc((t->ids_cap ? t->ids_cap : 1) * sizeof(uint32_t));
+    if (slots == NULL || keys == NULL || ids == NULL) {
+        PyMem_Free(slots);
+        PyMem_Free(keys);
+        PyMem_Free(ids);
+        PyErr_NoMemory();
+        return -1;
+    }
+    t->slots = slots;
+    t->keys = keys;
+    t->ids = ids;
+    t->mask = n - 1;
+    t->keys_len = t->ids_len = t->count = 0;
+    for (size_t i = 0; i < old_n; i++) {
+        Slot *s = &old[i];
+        if (s->hash == 0 || s->seq < cut)
+            continue;
+        Slot *d = place(t, s->hash); /* as many slots or more for fewer pieces: it finds room but by rare chance */
+        if (d == NULL)
+            continue;
+        *d = *s;
+        memcpy(t->keys + t->keys_len, old_keys + s->key_at, s->key_len);
+        d->key_at = (uint32_t)t->keys_len;
+        t->keys_len += s->key_len;
+        memcpy(t->ids + t->ids_len, old_ids + s->ids_at, s->ids_len * sizeof(uint32_t));
+        d->ids_at = (uint32_t)t->ids_len;
+        t->ids_len += s->ids_len;
+        t->count++;
+    }
+    t->generation++;
+    PyMem_Free(old);
+    PyMem_Free(old_keys);
+    PyMem_Free(old_ids);
+    return 0;
+}
+
+static PyObject *id_object(PieceTable *t, uint32_t id) {
+    if (id >= MAX_CACHED_ID)
+        return PyLong_FromUnsignedLong(id);
+    if (id >= t->id_objs_len) {
+        size_t n = t->id_objs_len ? t->id_objs_len : 1024;
+        while (n <= id)
+            n *= 2;
+        PyObject **objs = PyMem_Realloc(t->id_objs, n * sizeof(PyObject *));
+        if (objs == NULL)
+            return PyErr_NoMemory();
+        memset(objs + t->id_objs_len, 0, (n - t->id_objs_len) * sizeof(PyObject *));
+        t->id_objs = objs;
+        t->id_objs_len = n;
+    }
+    if (t->id_objs[id] == NULL && (t->id_objs[id] = PyLong_FromUnsignedLong(id)) == NULL)
+        return NULL;
+    return Py_NewRef(t->id_objs[id]);
+}
+
+/* A text's piece: where it lies in the UTF-8 bytes, and its slot (-1: not kept). */
+typedef struct {
+    Py_ssize_t start, end, slot;
+} Piece;
+
+typedef struct {
+    Piece *items;
+    size_t len, cap, missing, total; /* pieces, of which missing are not kept; total: the kept ones' ids */
+} Pieces;
+
+static int pieces_push(Pieces *v, Py_ssize_t start, Py_ssize_t end, Py_ssize_t slot) {
+    if (v->len == v->cap && grow((void **)&v->items, &v->cap, v->len + 1, sizeof(Piece)) < 0)
+        return -1;
+    v->items[v->len++] = (Piece){start, end, slot};
+    return 0;
+}
+
+/* The pieces of the UTF-8 text s[0:n], each found in the table or not. */
+static int split_and_find(PieceTable *t, const char *s, Py_ssize_t n, Pieces *v) {
+    v->len = v->missing = v->total = 0;
+    Py_ssize_t i = 0;
+    while (i < n) {
+        Py_ssize_t start = i;
+        while (i < n && s[i] == ' ')
+            i++;
+        while (i < n && s[i] != ' ')
+            i++;
+        size_t len = (size_t)(i - start);
+        const Slot *slot = find(t, s + start, len, hash_bytes(s + start, len, t->seed));
+        if (pieces_push(v, start, i, slot ? slot - t->slots : -1) < 0)
+            return -1;
+        if (slot)
+            v->total += slot->ids_len;
+        else
+            v->missing++;
+    }
+    return 0;
+}
+
+/* The ids of the pieces, kept ones from the table, the others from ``fresh`` (borrowed lists, one per missing
+   piece, in order). */
+static PyObject *assemble(PieceTable *t, const Pieces *v, PyObject *const *fresh, size_t total) {
+    PyObject *ids = PyList_New((Py_ssize_t)total);
+    if (ids == NULL)
+        return NULL;
+    Py_ssize_t at = 0;
+    size_t f = 0;
+    for (size_t j = 0; j < v->len; j++) {
+        const Piece *p = &v->items[j];
+        if (p->slot >= 0) {
+            const Slot *slot = &t->slots[p->slot];
+            const uint32_t *src = t->ids + slot->ids_at;
+            for (uint32_t k = 0; k < slot->ids_len; k++) {
+                PyObject *o = id_object(t, src[k]);
+                if (o == NULL) {
+                    Py_DECREF(ids);
+                    return NULL;
+                }
+                PyList_SET_ITEM(ids, at++, o);
+            }
+        } else {
+            PyObject *list = fresh[f++];
+            for (Py_ssize_t k = 0; k < PyList_GET_SIZE(list); k++)
+                PyList_SET_ITEM(ids, at++, Py_NewRef(PyList_GET_ITEM(list, k)));
+        }
+    }
+    return ids;
+}
+
+/* The text of each missing piece, once each, in order; with ``fresh``, only those it lacks, and ``lists`` gets
+   fresh's list for each missing piece (NULL where it lacks one). */
+static PyObject *missing_pieces(const char *s, const Pieces *v, PyObject *fresh, PyObject **lists) {
+    PyObject *new = PyList_New(0), *seen = PySet_New(NULL);
+    if (new == NULL || seen == NULL)
+        goto fail;
+    size_t f = 0;
+    for (size_t j = 0; j < v->len; j++) {
+        const Piece *p = &v->items[j];
+        if (p->slot >= 0)
+            continue;
+        PyObject *piece = PyUnicode_DecodeUTF8(s + p->start, p->end - p->start, "strict");
+        if (piece == NULL)
+            goto fail;
+        PyObject *ids = fresh ? PyDict_GetItemWithError(fresh, piece) : NULL;
+        if (ids != NULL && !PyList_Check(ids))
+            PyErr_SetString(PyExc_TypeError, "fresh ids must be lists");
+        if (PyErr_Occurred()) {
+            Py_DECREF(piece);
+            goto fail;
+        }
+        if (lists)
+            lists[f++] = ids;
+        int had = ids != NULL ? 1 : PySet_Contains(seen, piece);
+        if (had < 0 || (!had && (PySet_Add(seen, piece) < 0 || PyList_Append(new, piece) < 0))) {
+            Py_DECREF(piece);
+            goto fail;
+        }
+        Py_DECREF(piece);
+    }
+    Py_DECREF(seen);
+    return new;
+fail:
+    Py_XDECREF(new);
+    Py_XDECREF(seen);
+    return NULL;
+}
+
+/* What ``lookup`` found of a text with pieces not kept; ``fill`` finishes it. */
+typedef struct {
+    PyObject_HEAD
+    PieceTable *table;
+    PyObject *text;
+    uint64_t generation; /* the table's when the slots were found: a rebuild moves them */
+    Pieces pieces;
+} Partial;
+
+static PyTypeObject PartialType;
+
+static PyObject *lookup(PieceTable *t, PyObject *text) {
+    if (!PyUnicode_Check(text)) {
+        PyErr_SetString(PyExc_TypeError, "lookup(text: str)");
+        return NULL;
+    }
+    Py_ssize_t n;
+    const char *s = PyUnicode_AsUTF8AndSize(text, &n);
+    if (s == NULL)
+        return NULL;
+    Pieces v = {NULL, 0, 0, 0, 0};
+    if (grow((void **)&v.items, &v.cap, (size_t)n / 4 + 16, sizeof(Piece)) < 0)
+        return NULL;
+    if (split_and_find(t, s, n, &v) < 0) {
+        PyMem_Free(v.items);
+        return NULL;
+    }
+    if (v.missing == 0) {
+        PyObject *ids = assemble(t, &v, NULL, v.total), *none = ids ? PyList_New(0) : NULL;
+        PyMem_Free(v.items);
+        if (none == NULL) {
+            Py_XDECREF(ids);
+            return NULL;
+        }
+        return Py_BuildValue("(NNn)", ids, none, (Py_ssize_t)v.len);
+    }
+    PyObject *new = missing_pieces(s, &v, NULL, NULL);
+    Partial *partial = new ? PyObject_New(Partial, &PartialType) : NULL;
+    if (partial == NULL) {
+        Py_XDECREF(new);
+        PyMem_Free(v.items);
+        return NULL;
+    }
+    partial->table = (PieceTable *)Py_NewRef(t);
+    partial->text = Py_NewRef(text);
+    partial->generation = t->generation;
+    partial->pieces = v;
+    return Py_BuildValue("(NNn)", partial, new, (Py_ssize_t)v.len);
+}
+
+static PyObject *fill(Partial *self, PyObject *fresh) {
+    if (!PyDict_Check(fresh)) {
+        PyErr_SetString(PyExc_TypeError, "fill(fresh: dict[str, list[int]])");
+        return NULL;
+    }
+    PieceTable *t = self->table;
+    Py_ssize_t n;
+    const char *s = PyUnicode_AsUTF8AndSize(self->text, &n);
+    if (s == NULL)
+        return NULL;
+    if (self->generation != t->generation) { /* rebuilt since: find the pieces again */
+        if (split_and_find(t, s, n, &self->pieces) < 0)
+            return NULL;
+        self->generation = t->generation;
+    }
+    const Pieces *v = &self->pieces;
+    PyObject **lists = PyMem_Malloc((v->missing ? v->missing : 1) * sizeof(PyObject *));
+    if (lists == NULL)
+        return PyErr_NoMemory();
+    PyObject *unknown = missing_pieces(s, v, fresh, lists), *out = NULL;
+    if (unknown != NULL && PyList_GET_SIZE(unknown) > 0) {
+        out = Py_BuildValue("(ON)", Py_None, unknown);
+    } else if (unknown != NULL) {
+        size_t total = v->total;
+        for (size_t f = 0; f < v->missing; f++)
+            total += (size_t)PyList_GET_SIZE(lists[f]);
+        PyObject *ids = assemble(t, v, lists, total);
+        out = ids ? Py_BuildValue("(NN)", ids, unknown) : NULL;
+        if (out == NULL)
+            Py_DECREF(unknown);
+    }
+    PyMem_Free(lists);
+    return out;
+}
+
+static void partial_dealloc(Partial *self) {
+    Py_XDECREF(self->table);
+    Py_XDECREF(self->text);
+    PyMem_Free(self->pieces.items);
+    PyObject_Free(self);
+}
+
+static PyMethodDef partial_methods[] = {
+    {"fill", (PyCFunction)fill, METH_O,
+     "fill(fresh) -> (ids, []) or (None, unknown): the text's ids, its pieces not kept taken from fresh."},
     {NULL, NULL, 0, NULL},
 };
 
-static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "native_word_pieces", NULL, -1, methods};
+static PyTypeObject PartialType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "sgl_moe.router.request.native_word_pieces.Partial",
+    .tp_basicsize = sizeof(Partial),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "A text looked up with pieces not kept; see the module.",
+    .tp_dealloc = (destructor)partial_dealloc,
+    .tp_methods = partial_methods,
+};
 
-PyMODINIT_FUNC PyInit_native_word_pieces(void) { return PyModule_Create(&module); }
+static PyObject *keep(PieceTable *t, PyObject *fresh) {
+    if (!PyDict_Check(fresh)) {
+        PyErr_SetString(PyExc_TypeError, "keep(fresh: dict[str, list[int]])");
+        return NULL;
+    }
+    Py_ssize_t pos = 0;
+    PyObject *key, *value;
+    while (PyDict_Next(fresh, &pos, &key, &value)) {
+        if (!PyUnicode_Check(key) || !PyList_Check(value)) {
+            PyErr_SetString(PyExc_TypeError, "keep(fresh: dict[str, list[int]])");
+            return NULL;
+        }
+        Py_ssize_t chars = PyUnicode_GET_LENGTH(key);
+        if (chars == 0 || chars > t->max_chars)
+            continue;
+        Py_ssize_t len, m = PyList_GET_SIZE(value);
+        const char *s = PyUnicode_AsUTF8AndSize(key, &len);
+        if (s == NULL) { /* a lone surrogate: no UTF-8, never looked up (``lookup`` refuses such a text) */
+            PyErr_Clear();
+            continue;
+        }
+        uint64_t h = hash_bytes(s, (size_t)len, t->seed);
+        if (find(t, s, (size_t)len, h) != NULL)
+            continue;
+        if ((Py_ssize_t)t->count >= t->max_pieces && rebuild(t, t->mask + 1, t->seq - t->count / 2) < 0)
+            return NULL;
+        if (2 * (t->count + 1) > t->mask + 1 && rebuild(t, 2 * (t->mask + 1), 0) < 0)
+            return NULL; /* at most half full: the slots start few and double (a small table stays in cache) */
+        if (t->keys_len + (size_t)len > UINT32_MAX || t->ids_len + (size_t)m > UINT32_MAX)
+            continue; /* the arenas' offsets are 32-bit (max_pieces * max_chars keeps far below) */
+        Slot *d = place(t, h);
+        if (d == NULL) /* its neighbourhood is full (colliding text): not kept, encoded each time */
+            continue;
+        if (grow((void **)&t->keys, &t->keys_cap, t->keys_len + (size_t)len, 1) < 0 ||
+            grow((void **)&t->ids, &t->ids_cap, t->ids_len + (size_t)m, sizeof(uint32_t)) < 0)
+            return NULL;
+        int fits = 1;
+        for (Py_ssize_t k = 0; k < m && fits; k++) {
+            PyObject *o = PyList_GET_ITEM(value, k);
+            unsigned long v = PyLong_Check(o) ? PyLong_AsUnsignedLong(o) : (unsigned long)-1;
+            fits = !PyErr_Occurred() && PyLong_Check(o) && v <= UINT32_MAX;
+            PyErr_Clear();
+            t->ids[t->ids_len + (size_t)k] = (uint32_t)v;
+        }
+        if (!fits) /* not ids this table can hold: left out, encoded each time */
+            continue;
+        memcpy(t->keys + t->keys_len, s, (size_t)len);
+        d->hash = h;
+        d->seq = t->seq++;
+        d->key_at = (uint32_t)t->keys_len;
+        d->key_len = (uint32_t)len;
+        d->ids_at = (uint32_t)t->ids_len;
+        d->ids_len = (uint32_t)m;
+        t->keys_len += (size_t)len;
+        t->ids_len += (size_t)m;
+        t->count++;
+    }
+    Py_RETURN_NONE;
+}
+
+static int init(PieceTable *t, PyObject *args, PyObject *kwds) {
+    static char *names[] = {"max_pieces", "max_chars", NULL};
+    Py_ssize_t max_pieces, max_chars;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "nn", names, &max_pieces, &max_chars))
+        return -1;
+    if (max_pieces < 1 || max_chars < 1 || max_pieces > (1 << 28)) {
+        PyErr_SetString(PyExc_ValueError, "max_pieces and max_chars must be positive (max_pieces at most 2**28)");
+        return -1;
+    }
+    size_t n = 64;
+    PyMem_Free(t->slots);
+    if ((t->slots = PyMem_Calloc(n, sizeof(Slot))) == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    t->mask = n - 1;
+    t->count = t->keys_len = t->ids_len = 0;
+    t->max_pieces = max_pieces;
+    t->max_chars = max_chars;
+    uint64_t seed;
+    if (_PyOS_URandom(&seed, sizeof seed) < 0)
+        return -1;
+    t->seed = seed;
+    return 0;
+}
+
+static void dealloc(PieceTable *t) {
+    PyMem_Free(t->slots);
+    PyMem_Free(t->keys);
+    PyMem_Free(t->ids);
+    for (size_t i = 0; i < t->id_objs_len; i++)
+        Py_XDECREF(t->id_objs[i]);
+    PyMem_Free(t->id_objs);
+    Py_TYPE(t)->tp_free((PyObject *)t);
+}
+
+static Py_ssize_t length(PieceTable *t) { return (Py_ssize_t)t->count; }
+
+static PyMethodDef methods[] = {
+    {"lookup", (PyCFunction)lookup, METH_O, "lookup(text) -> (ids | partial, new, pieces); see the module."},
+    {"keep", (PyCFunction)keep, METH_O, "keep(fresh: dict[str, list[int]]) -> None; see the module."},
+    {NULL, NULL, 0, NULL},
+};
+
+static PySequenceMethods sequence = {.sq_length = (lenfunc)length};
+
+static PyTypeObject PieceTableType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "sgl_moe.router.request.native_word_pieces.PieceTable",
+    .tp_basicsize = sizeof(PieceTable),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "Ids of word pieces by their text; see the module.",
+    .tp_new = PyType_GenericNew,
+    .tp_init = (initproc)init,
+    .tp_dealloc = (destructor)dealloc,
+    .tp_methods = methods,
+    .tp_as_sequence = &sequence,
+};
+
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "native_word_pieces", NULL, -1, NULL};
+
+PyMODINIT_FUNC PyInit_native_word_pieces(void) {
+    if (PyType_Ready(&PieceTableType) < 0 || PyType_Ready(&PartialType) < 0)
+        return NULL;
+    PyObject *m = PyModule_Create(&module);
+    if (m == NULL)
+        return NULL;
+    if (PyModule_AddObjectRef(m, "PieceTable", (PyObject *)&PieceTableType) < 0) {
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
+}

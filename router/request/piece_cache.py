@@ -14,13 +14,10 @@ unless
 - the vocabulary lacks either character (no byte fallback: ``<unk>`` may fuse).
 
 A text with none of those is the concatenation of its pieces' ids (the cut argument, one cut at a time). Each
-check runs over the whole text at C speed, never cut by cut; a text failing one is encoded whole. The pieces
-come from ``str.split(" ")`` (5x the regex's speed): the first word, then one space and each word after it, kept
-by the word (``_words``); an empty word marks one more space, and a run of them joins the next word's piece (the
-few pieces with two spaces or more are kept by their text). Ids of pieces up
-to ``MAX_PIECE_CHARS`` are kept (``MAX_PIECES`` of them, the oldest half dropped when full); new pieces of a batch
-are encoded in one call. ``PrefixMemo`` encodes its segments through this, so its sampled whole-encode check
-covers it in service.
+check runs over the whole text at C speed, never cut by cut; a text failing one is encoded whole. A
+``word_pieces.PieceTable`` finds the pieces and keeps their ids: pieces up to ``MAX_PIECE_CHARS`` characters,
+``MAX_PIECES`` of them, the older half dropped when full. New pieces of a batch are encoded in one call.
+``PrefixMemo`` encodes its segments through this, so its sampled whole-encode check covers it in service.
 
 A long text is checked and cut in runs of about ``CHUNK_CHARS`` (a run ends where a piece does, so its pieces are
 the text's own): one C call over a whole 4 MB text holds the GIL for tens of milliseconds, and the router parses
@@ -30,15 +27,13 @@ large bodies in a thread so that its event loop keeps answering meanwhile, which
 from __future__ import annotations
 
 import re
-import threading
 from collections.abc import Callable
-from itertools import islice
 
 from sgl_moe.router.request.token_cuts import CutRule
-from sgl_moe.router.request.word_pieces import join, lookup
+from sgl_moe.router.request.word_pieces import Partial, new_table
 
 MAX_PIECES = 200_000
-"""Pieces kept (about 150 bytes each)."""
+"""Pieces kept (about 100 bytes each in the C table: two slots of 32 bytes, the text and the ids)."""
 MAX_PIECE_CHARS = 64
 """Longer pieces (a URL, base64) are encoded each time, not kept."""
 CHUNK_CHARS = 16_384
@@ -61,11 +56,9 @@ class PieceCache:
         self._ascii_only = ascii_only
         self._known = known
         """Characters the vocabulary holds (None: byte fallback, every character is known)."""
-        self._ids: dict[str, list[int]] = {}
-        """First words, and pieces of two spaces or more (a word after them or not), by their text."""
-        self._words: dict[str, list[int]] = {}
-        """Pieces of one space then a word (no space: "" for a space that ends a text), by the word."""
-        self._lock = threading.Lock()
+        self._table = new_table(MAX_PIECES, MAX_PIECE_CHARS)
+        """The ids of pieces encoded before. Its calls hold the GIL throughout: threads parsing at once share it
+        without a lock."""
         self.hits = 0
         """Pieces whose ids were kept."""
         self.misses = 0
@@ -125,58 +118,50 @@ class PieceCache:
 
     def _encode(self, texts: list[str], cut: list[bool]) -> list[list[int]]:
         """``encode_batch`` of texts whose ``cuttable`` is known."""
-        kept, words = self._ids, self._words
-        out: list[list[int] | None] = []
-        partial: list[tuple[int, list, list[int], list[str]]] = []
-        """Texts with pieces not kept: (index, ``lookup``'s found, missing and new)."""
+        table = self._table
+        out: list = []
+        partial: list[int] = []
+        """Texts with pieces not kept (``out`` holds their partial lookups)."""
         new: dict[str, None] = {}
         whole: list[int] = []
         for i, text in enumerate(texts):
+            found = None
+            if cut[i]:
+                try:
+                    found, unknown, pieces = table.lookup(text)
+                except UnicodeEncodeError:  # a lone surrogate: the C table cannot read the text
+                    cut[i] = False
+                else:
+                    self.hits += pieces - len(unknown)
+                    if unknown:
+                        partial.append(i)
+                        new.update(dict.fromkeys(unknown))
+            out.append(found)
             if not cut[i]:
-                out.append(None)
                 whole.append(i)
-                continue
-            ids, missing, pieces, count = lookup(text, kept, words)
-            self.hits += count
-            out.append(ids if missing is None else None)
-            if missing is not None:  # a new piece, a long one (never kept), or one another thread's call dropped
-                partial.append((i, ids, missing, pieces))
-                new.update(dict.fromkeys(pieces))
-        if new or whole:
-            encoded = self._encode_plain([*new, *(texts[i] for i in whole)])
-            fresh = dict(zip(new, encoded))
-            self.hits -= len(new)
-            self.misses += len(new)
-            self.whole += len(whole)
-            self._keep(fresh)
-            for i, found, missing, pieces in partial:
-                for j, piece in zip(missing, pieces):
-                    found[j] = fresh[piece]
-                out[i] = join(found)
-            for i, ids in zip(whole, encoded[len(new):]):
-                out[i] = ids
-        if len(kept) + len(words) > MAX_PIECES:
-            self._trim()
+        if not (new or whole):
+            return out
+        encoded = self._encode_plain([*new, *(texts[i] for i in whole)])
+        fresh = dict(zip(new, encoded))
+        self.misses += len(new)
+        self.whole += len(whole)
+        for i, ids in zip(whole, encoded[len(new):]):
+            out[i] = ids
+        for i in partial:
+            out[i] = self._fill(out[i], fresh)
+        table.keep(fresh)
         return out
 
-    def _keep(self, fresh: dict[str, list[int]]) -> None:
-        with self._lock:
-            kept, words = self._ids, self._words
-            for piece, ids in fresh.items():
-                if len(piece) > MAX_PIECE_CHARS:
-                    continue
-                if piece[:1] == " " and " " not in piece[1:]:  # one space then a word: looked up by the word
-                    words[piece[1:]] = ids
-                else:
-                    kept[piece] = ids
-
-    def _trim(self) -> None:
-        """Drop the older half of the kept pieces (after a call's texts are assembled)."""
-        with self._lock:
-            for kept in (self._ids, self._words):
-                if len(self._ids) + len(self._words) > MAX_PIECES:
-                    for piece in list(islice(kept, len(kept) // 2)):
-                        del kept[piece]
+    def _fill(self, found: Partial, fresh: dict[str, list[int]]) -> list[int]:
+        """The ids of a text looked up with pieces not kept, those taken from ``fresh``. A piece the lookup found
+        kept may have been dropped since (another thread's ``keep`` made room): it is encoded again."""
+        ids, unknown = found.fill(fresh)
+        while ids is None:
+            fresh.update(zip(unknown, self._encode_plain(unknown)))
+            self.misses += len(unknown)
+            self.hits -= len(unknown)
+            ids, unknown = found.fill(fresh)
+        return ids
 
 
 _SPACES = re.compile(" +")

@@ -1,24 +1,29 @@
-"""A text's pieces looked up in ``PieceCache``'s two tables: the loop that runs once per piece of every text.
+"""The ids of word pieces by their text: ``PieceCache``'s table, looked up once per piece of every text.
 
 A *piece* is a run of spaces and the non-spaces after it, or the run of spaces that ends a text (what
-``" *[^ ]+| +"`` finds). A piece of one space then a word (the word may be empty: one space ending the text) is
-kept in ``words`` by its word; every other piece (a text's first word, a piece of two spaces or more) in ``kept``
-by its text (``PieceCache._keep`` stores them so).
+``" *[^ ]+| +"`` finds). ``PieceTable(max_pieces, max_chars)`` answers
 
-``lookup(text, kept, words)`` answers ``(ids, None, None, pieces)`` when every piece's ids are kept: ``ids`` the
-text's ids, ``pieces`` how many pieces it has. Otherwise ``(found, missing, new, pieces)``: ``found`` holds each
-piece's ids or None, ``missing`` the indexes of the Nones, ``new`` the text of each missing piece; the caller
-encodes the new pieces, puts their ids in ``found`` at ``missing`` and calls ``join(found)`` for the text's ids.
-``found``'s layout is the implementation's own (the Python one holds an empty list for each space of a run).
+* ``lookup(text) -> (ids, [], pieces)`` when every piece of ``text`` is kept: ``ids`` its pieces' ids in order,
+  ``pieces`` how many it has; else ``(partial, new, pieces)``, ``new`` the text of each piece not kept, in order,
+  once each;
+* ``partial.fill(fresh) -> (ids, [])``, the pieces not kept taken from ``fresh`` (a dict of piece -> ids), or
+  ``(None, unknown)`` when some are in neither (dropped from the table since the lookup, by a ``keep`` here or in
+  another thread);
+* ``keep(fresh)``: keeps the ids of each piece of up to ``max_chars`` characters; at ``max_pieces`` the older half
+  is dropped;
+* ``len(table)``: pieces kept.
 
-The C extension ``native_word_pieces`` (``native_word_pieces.c``, built at install: 64 against 160 µs for a text of
-851 pieces in small tables) is used when it was built; otherwise the Python functions here, which are also its
-reference in the tests (``tests/router/test_native_paths.py``). ``NATIVE`` says which one runs.
+The C type ``native_word_pieces.PieceTable`` (``native_word_pieces.c``, built at install) finds the pieces in the
+text's UTF-8 bytes and looks them up in its own hash table, with no Python object per piece; it is used when it
+was built. Otherwise ``PieceTablePy`` here, two dicts, which is also its reference in the tests
+(``tests/router/test_native_paths.py``). ``NATIVE`` says which one runs. A text holding a lone surrogate has no
+UTF-8: the C table's ``lookup`` raises ``UnicodeEncodeError`` for it.
 """
 
 from __future__ import annotations
 
 from itertools import chain, islice
+from typing import Protocol
 
 try:
     from sgl_moe.router.request import native_word_pieces
@@ -28,10 +33,76 @@ except ImportError:  # no C compiler at install: the Python functions below
 Ids = list[int]
 
 
+class Partial(Protocol):
+    def fill(self, fresh: dict[str, Ids]) -> tuple[Ids | None, list[str]]: ...
+
+
+class PieceTable(Protocol):
+    """What ``PieceCache`` calls (see the module)."""
+
+    def __len__(self) -> int: ...
+
+    def lookup(self, text: str) -> tuple[Ids | Partial, list[str], int]: ...
+
+    def keep(self, fresh: dict[str, Ids]) -> None: ...
+
+
+class PieceTablePy:
+    """``PieceTable`` in Python: a first word, and a piece of two spaces or more, kept by its text in ``kept``; a
+    piece of one space then a word (the word may be empty: one space ending the text) in ``words`` by its word
+    (``str.split(" ")`` gives the words, at 5x the speed of the regex)."""
+
+    def __init__(self, max_pieces: int, max_chars: int) -> None:
+        self.max_pieces, self.max_chars = max_pieces, max_chars
+        self.kept: dict[str, Ids] = {}
+        self.words: dict[str, Ids] = {}
+
+    def __len__(self) -> int:
+        return len(self.kept) + len(self.words)
+
+    def lookup(self, text: str) -> tuple[Ids | Partial, list[str], int]:
+        found, missing, new, pieces = lookup_py(text, self.kept, self.words)
+        if missing is None:
+            return found, [], pieces
+        return _PartialPy(found, missing, new), list(dict.fromkeys(new)), pieces
+
+    def keep(self, fresh: dict[str, Ids]) -> None:
+        for piece, ids in fresh.items():
+            if not 0 < len(piece) <= self.max_chars:
+                continue
+            if len(self) >= self.max_pieces:
+                self._drop_older_half()
+            if piece[:1] == " " and " " not in piece[1:]:
+                self.words[piece[1:]] = ids
+            else:
+                self.kept[piece] = ids
+
+    def _drop_older_half(self) -> None:
+        for table in (self.kept, self.words):
+            for piece in list(islice(table, len(table) // 2)):
+                table.pop(piece, None)  # another thread may have dropped it first
+
+
+class _PartialPy:
+    def __init__(self, found: list, missing: list[int], new: list[str]) -> None:
+        self.found, self.missing, self.new = found, missing, new
+
+    def fill(self, fresh: dict[str, Ids]) -> tuple[Ids | None, list[str]]:
+        unknown = [piece for piece in self.new if piece not in fresh]
+        if unknown:
+            return None, list(dict.fromkeys(unknown))
+        found = list(self.found)
+        for j, piece in zip(self.missing, self.new):
+            found[j] = fresh[piece]
+        return join_py(found), []
+
+
 def lookup_py(text: str, kept: dict[str, Ids], words: dict[str, Ids]) -> tuple[list, list[int] | None,
                                                                                list[str] | None, int]:
-    """``lookup`` in Python. ``str.split(" ")`` (5x the regex's speed) gives the first word, then one part per
-    space: a part is that space's word, "" for a space followed by another (``_space_runs`` joins those)."""
+    """``PieceTablePy``'s pieces of ``text``: ``(ids, None, None, pieces)`` when all are kept, else ``(found,
+    missing, new, pieces)``: ``found[j]`` the j-th piece's ids or None, ``missing`` the j of each None, ``new`` the
+    text of each missing piece. ``str.split(" ")`` gives the first word, then one part per space: a part is that
+    space's word, "" for a space followed by another (``_space_runs`` joins those)."""
     parts = text.split(" ")
     first = parts[0]  # "" when the text starts with a space
     found = [kept.get(first)] if first else []
@@ -49,14 +120,18 @@ def lookup_py(text: str, kept: dict[str, Ids], words: dict[str, Ids]) -> tuple[l
 
 
 def join_py(found: list[Ids]) -> Ids:
-    """``join`` in Python."""
+    """The ids of ``found``'s lists, in order."""
     return list(chain.from_iterable(found))
 
 
-if native_word_pieces is not None:
-    lookup, join, NATIVE = native_word_pieces.lookup, native_word_pieces.join, True
-else:
-    lookup, join, NATIVE = lookup_py, join_py, False
+def new_table(max_pieces: int, max_chars: int) -> PieceTable:
+    """The C table where it was built, else ``PieceTablePy``."""
+    if native_word_pieces is not None:
+        return native_word_pieces.PieceTable(max_pieces, max_chars)
+    return PieceTablePy(max_pieces, max_chars)
+
+
+NATIVE = native_word_pieces is not None
 
 
 _NOTHING: Ids = []

@@ -146,56 +146,98 @@ def _pieces(text: str) -> list[str]:
     return re.findall(r" *[^ ]+| +", text)
 
 
-def _tables(rng: random.Random, texts: list[str], share: float) -> tuple[dict, dict]:
-    """``PieceCache``'s two tables holding ids for about ``share`` of the texts' pieces."""
-    kept, words = {}, {}
-    for piece in {p for t in texts for p in _pieces(t)}:
+def _both(rng: random.Random, texts: list[str], share: float, max_pieces: int = 1_000_000):
+    """The C table and the reference, each keeping the same ids for about ``share`` of the texts' pieces."""
+    keep = {}
+    for piece in sorted({p for t in texts for p in _pieces(t)}):
         if rng.random() < share:
-            ids = [rng.randrange(50_000) for _ in range(rng.randint(0, 3))]
-            if piece[:1] == " " and piece[1:2] != " ":
-                words[piece[1:]] = ids
-            else:
-                kept[piece] = ids
-    return kept, words
+            keep[piece] = [rng.randrange(50_000) for _ in range(rng.randint(0, 3))]
+    native = word_pieces.native_word_pieces.PieceTable(max_pieces, 64)
+    reference = word_pieces.PieceTablePy(max_pieces, 64)
+    native.keep(keep)
+    reference.keep(keep)
+    return native, reference
 
 
-def _finish(result, ids_of: dict) -> tuple[list[int], list[str], int]:
-    found, missing, new, count = result
-    if missing is None:
-        return found, [], count
-    found = list(found)
-    for j, piece in zip(missing, new):
-        found[j] = ids_of[piece]
-    return word_pieces.join_py(found), new, count
+def _ids(found):
+    return found if isinstance(found, list) else "partial"
 
 
 @needs_native
 @pytest.mark.parametrize("share", [1.0, 0.8, 0.2, 0.0])
-def test_word_pieces_lookup_equals_the_python_reference(share):
-    """Same ids, same new pieces in the same order, same piece count, for texts with runs of spaces at the start,
-    inside and at the end, multi-byte characters, ZWJ sequences and pieces longer than any kept one."""
+def test_piece_table_lookup_equals_the_python_reference(share):
+    """Same ids, same new pieces in the same order, same piece count, then the same ids with the new pieces given,
+    for texts with runs of spaces at the start, inside and at the end, multi-byte characters, ZWJ sequences and
+    pieces longer than any kept one (70 characters: never kept)."""
     rng = random.Random(f"pieces-{share}")
     texts = _texts(rng, 3000)
-    kept, words = _tables(rng, texts, share)
+    native, reference = _both(rng, texts, share)
+    assert len(native) == len(reference)
     ids_of = {p: [rng.randrange(50_000) for _ in range(rng.randint(1, 3))] for t in texts for p in _pieces(t)}
     for text in texts:
-        got = _finish(word_pieces.native_word_pieces.lookup(text, kept, words), ids_of)
-        want = _finish(word_pieces.lookup_py(text, kept, words), ids_of)
-        assert got == want, repr(text)
+        got, want = native.lookup(text), reference.lookup(text)
+        assert (_ids(got[0]), *got[1:]) == (_ids(want[0]), *want[1:]), repr(text)
         assert got[2] == len(_pieces(text))
-        native_found = word_pieces.native_word_pieces.lookup(text, kept, words)
-        if native_found[1] is not None:
-            filled = list(native_found[0])
-            for j, piece in zip(native_found[1], native_found[2]):
-                filled[j] = ids_of[piece]
-            assert word_pieces.native_word_pieces.join(filled) == got[0]
+        if not got[1]:
+            assert got[0] == [i for p in _pieces(text) for i in (native.lookup(p)[0])]
+            continue
+        if len(got[1]) > 1:
+            some = {p: ids_of[p] for p in got[1][::2]}  # half of them: the rest are reported unknown
+            assert got[0].fill(some) == want[0].fill(some) == (None, got[1][1::2])
+        all_of = {p: ids_of[p] for p in got[1]}
+        filled = got[0].fill(all_of)
+        assert filled == want[0].fill(all_of) and filled[1] == [], repr(text)
 
 
 @needs_native
-def test_word_pieces_join_refuses_a_hole():
+def test_a_partial_lookup_is_filled_after_the_table_was_rebuilt():
+    """Pieces found kept, then dropped by a ``keep`` that rebuilt the table before ``fill``: reported unknown,
+    and with them given, the ids are the text's."""
+    table = word_pieces.native_word_pieces.PieceTable(4, 64)
+    table.keep({"a": [1], " b": [2], " c": [3]})
+    partial, new, count = table.lookup("a b c d")
+    assert (new, count) == ([" d"], 4)
+    table.keep({" x": [9], " y": [8], " z": [7]})  # four or more: the older half goes
+    assert table.lookup("a")[1] == ["a"]
+    ids, unknown = partial.fill({" d": [4]})
+    assert ids is None and " d" not in unknown and "a" in unknown
+    assert partial.fill({" d": [4], "a": [1], " b": [2], " c": [3]}) == ([1, 2, 3, 4], [])
+
+
+@needs_native
+def test_piece_table_keeps_what_it_can_hold_and_drops_the_older_half_when_full():
+    table = word_pieces.native_word_pieces.PieceTable(100, 8)
+    table.keep({"": [1], " " + "x" * 8: [2], "a": [-1], " b": [2**32], " c": [1.0], " d": [2**32 - 1, 0],
+                "日本": [7]})
+    assert len(table) == 2  # empty, 9 characters, ids outside uint32 or not ints: not kept
+    assert table.lookup(" d日本")[1:] == ([" d日本"], 1)  # one piece: a space and the non-spaces after it
+    assert table.lookup("日本 d") == ([7, 2**32 - 1, 0], [], 2)
+    for i in range(1000):
+        table.keep({f" w{i}": [i]})
+        assert len(table) <= 100
+    assert table.lookup(" w999 w990") == ([999, 990], [], 2)
+    assert table.lookup(" w0")[1] == [" w0"] and table.lookup(" w899")[1] == [" w899"]
+    with pytest.raises(UnicodeEncodeError):
+        table.lookup("a \ud800 b")
+    table.keep({"\ud800": [3]})  # no UTF-8: never kept, never looked up
     with pytest.raises(TypeError):
-        word_pieces.native_word_pieces.join([[1], None])
-    assert word_pieces.native_word_pieces.join([]) == []
+        table.keep({" e": (1, 2)})
+    with pytest.raises(TypeError):
+        table.lookup(" e").__getitem__(0).fill({" e": (1, 2)})
+    with pytest.raises(ValueError):
+        word_pieces.native_word_pieces.PieceTable(0, 8)
+
+
+@needs_native
+def test_piece_table_seeds_its_hash_per_table():
+    """Two tables given the same pieces in the same order lay them out differently (the seed), and both find
+    all of them: text chosen to collide in one table does not collide in the next one the router makes."""
+    keep = {f" p{i}": [i] for i in range(5000)}
+    tables = [word_pieces.native_word_pieces.PieceTable(10_000, 64) for _ in range(2)]
+    for table in tables:
+        table.keep(keep)
+        assert len(table) == 5000
+        assert table.lookup("".join(keep)) == (list(range(5000)), [], 5000)
 
 
 # -- block tables ---------------------------------------------------------------------------------------------------

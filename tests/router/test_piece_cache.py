@@ -18,13 +18,23 @@ tokenizers = test_prefix_memo.tokenizers  # the fixtures: every fixture tokenize
 variants_root = test_prefix_memo.variants_root
 
 
+@pytest.fixture(params=["native", "python"])
+def table(request, monkeypatch):
+    """Which ``PieceTable`` the caches made in a test use: the C one (where it was built) or the reference."""
+    if request.param == "native" and not word_pieces.NATIVE:
+        pytest.skip("the C extension was not built")
+    if request.param == "python":
+        monkeypatch.setattr(word_pieces, "native_word_pieces", None)
+    return request.param
+
+
 def _texts(rng: random.Random, n: int) -> list[str]:
     return [random_text(rng, rng.randint(1, 60)) for _ in range(n)] + [
         "\n".join(random_text(rng, 6) for _ in range(5)) for _ in range(n // 4)]
 
 
 @pytest.mark.parametrize("name", TOKENIZERS)
-def test_piece_ids_equal_a_whole_encode(name, tokenizers):
+def test_piece_ids_equal_a_whole_encode(name, tokenizers, table):
     tok = tokenizers(name)
     if tok.pieces is None:
         pytest.skip(f"{name}: no piece cache ({tok.memo_off_reason or 'texts are not cut at spaces'})")
@@ -49,7 +59,7 @@ def test_the_shipped_tokenizer_cuts_at_spaces_and_byte_level_ones_do_not(tokeniz
         assert cache.encode_batch([text]) == plain(shipped, [text])
 
 
-def test_dropping_pieces_while_encoding_changes_no_id(tokenizers, monkeypatch):
+def test_dropping_pieces_while_encoding_changes_no_id(tokenizers, monkeypatch, table):
     tok = tokenizers("shipped")
     monkeypatch.setattr(piece_cache, "MAX_PIECES", 50)
     cache = piece_cache.PieceCache.of(tok.memo.rule, tok._encode_plain_batch)
@@ -58,9 +68,9 @@ def test_dropping_pieces_while_encoding_changes_no_id(tokenizers, monkeypatch):
     dropped = False
     for i in range(0, len(texts), 3):
         batch = texts[i:i + 3]
-        before = len(cache._ids)
+        before = len(cache._table)
         assert cache.encode_batch(batch) == plain(tok, batch)
-        dropped |= len(cache._ids) < before
+        dropped |= len(cache._table) < before
     assert dropped and cache.misses > 50
 
 
@@ -75,7 +85,7 @@ def test_the_router_tokenizer_encodes_through_pieces_exactly(tokenizers):
 
 
 @pytest.mark.parametrize("name", TOKENIZERS)
-def test_texts_split_by_words_and_by_the_regex_get_the_same_ids(name, tokenizers):
+def test_texts_split_by_words_and_by_the_regex_get_the_same_ids(name, tokenizers, table):
     """A text without two spaces in a row is split with ``str.split`` into words, its pieces kept by the word; one
     with them by the regex. The same words in both kinds of text, at the start, after a space, at the end, alone,
     with a space before or after the whole text: every text's ids equal a whole encode, cold and warm."""
@@ -97,7 +107,7 @@ def test_texts_split_by_words_and_by_the_regex_get_the_same_ids(name, tokenizers
     fast = [t for t in texts if cache.cuttable(t) and "  " not in t]
     slow = [t for t in texts if cache.cuttable(t) and "  " in t]
     assert len(fast) > 300 and len(slow) > 100, (len(fast), len(slow))
-    assert len(cache._words) > 5 and cache.hits > cache.misses
+    assert len(cache._table) > 5 and cache.hits > cache.misses
 
 
 def test_space_runs_give_the_regex_pieces():
@@ -162,3 +172,11 @@ def test_long_texts_checked_and_encoded_run_by_run_get_a_whole_encodes_ids(name,
         for i in range(0, len(texts), 5):
             batch = texts[i:i + 5]
             assert cache.encode_batch(batch) == plain(tok, batch), (name, batch)
+
+
+def test_a_text_without_utf8_is_encoded_whole(table):
+    """A lone surrogate (no UTF-8: the C table cannot read the text) sends its text to a whole encode; the other
+    texts of the batch are still cut. The encoder is a stand-in that tells the two apart: one id, the length."""
+    cache = piece_cache.PieceCache(lambda texts: [[len(t)] for t in texts], "", [], False, None)
+    assert cache.encode_batch(["a \ud800 b", "a bc"]) == [[5] if table == "native" else [1, 2, 2], [1, 3]]
+    assert cache.whole == (1 if table == "native" else 0)
