@@ -29,14 +29,22 @@
 #include <stdint.h>
 #include <string.h>
 
-#define MAX_PROBE 32
+#define MAX_PROBE 128
 #define MAX_CACHED_ID (1u << 22) /* ids below this share one int object each (a vocabulary is smaller) */
+
+#define INLINE_KEY 20 /* bytes of a piece kept in its slot (most words): a lookup reads one cache line */
+#define INLINE_IDS 4
 
 typedef struct {
     uint64_t hash; /* 0: an empty slot */
     uint64_t seq;  /* when it was kept: the older half goes first */
-    uint32_t key_at, key_len, ids_at, ids_len;
+    uint32_t key_at, ids_at; /* in the arenas, for a key or ids longer than fit here */
+    uint16_t key_len, ids_len;
+    char key[INLINE_KEY];
+    uint32_t ids[INLINE_IDS];
 } Slot;
+
+_Static_assert(sizeof(Slot) == 64, "a slot is one cache line");
 
 typedef struct {
     PyObject_HEAD
@@ -53,6 +61,23 @@ typedef struct {
     size_t id_objs_len;
     Py_ssize_t max_pieces, max_chars;
 } PieceTable; /* slots: a power of two, at least twice ``count`` (they double as pieces are kept) */
+
+static inline const char *slot_key(const PieceTable *t, const Slot *s) {
+    return s->key_len <= INLINE_KEY ? s->key : t->keys + s->key_at;
+}
+
+static inline const uint32_t *slot_ids(const PieceTable *t, const Slot *s) {
+    return s->ids_len <= INLINE_IDS ? s->ids : t->ids + s->ids_at;
+}
+
+static Slot *new_slots(size_t n) { /* zeroed, aligned to cache lines */
+    Slot *slots = aligned_alloc(64, n * sizeof(Slot));
+    if (slots == NULL)
+        PyErr_NoMemory();
+    else
+        memset(slots, 0, n * sizeof(Slot));
+    return slots;
+}
 
 static inline uint64_t mix(uint64_t h) {
     h ^= h >> 31;
@@ -84,7 +109,7 @@ static Slot *find(PieceTable *t, const char *key, size_t len, uint64_t h) {
         Slot *s = &t->slots[at];
         if (s->hash == 0)
             return NULL;
-        if (s->hash == h && s->key_len == len && memcmp(t->keys + s->key_at, key, len) == 0)
+        if (s->hash == h && s->key_len == len && memcmp(slot_key(t, s), key, len) == 0)
             return s;
     }
     return NULL;
@@ -123,11 +148,11 @@ static int rebuild(PieceTable *t, size_t n, uint64_t cut) {
     Slot *old = t->slots;
     char *old_keys = t->keys;
     uint32_t *old_ids = t->ids;
-    Slot *slots = PyMem_Calloc(n, sizeof(Slot));
+    Slot *slots = new_slots(n);
     char *keys = PyMem_Malloc(t->keys_cap ? t->keys_cap : 1); /* the kept pieces fit in the caps they had */
     uint32_t *ids = PyMem_Malloc((t->ids_cap ? t->ids_cap : 1) * sizeof(uint32_t));
     if (slots == NULL || keys == NULL || ids == NULL) {
-        PyMem_Free(slots);
+        free(slots);
         PyMem_Free(keys);
         PyMem_Free(ids);
         PyErr_NoMemory();
@@ -146,16 +171,20 @@ static int rebuild(PieceTable *t, size_t n, uint64_t cut) {
         if (d == NULL)
             continue;
         *d = *s;
-        memcpy(t->keys + t->keys_len, old_keys + s->key_at, s->key_len);
-        d->key_at = (uint32_t)t->keys_len;
-        t->keys_len += s->key_len;
-        memcpy(t->ids + t->ids_len, old_ids + s->ids_at, s->ids_len * sizeof(uint32_t));
-        d->ids_at = (uint32_t)t->ids_len;
-        t->ids_len += s->ids_len;
+        if (s->key_len > INLINE_KEY) {
+            memcpy(t->keys + t->keys_len, old_keys + s->key_at, s->key_len);
+            d->key_at = (uint32_t)t->keys_len;
+            t->keys_len += s->key_len;
+        }
+        if (s->ids_len > INLINE_IDS) {
+            memcpy(t->ids + t->ids_len, old_ids + s->ids_at, s->ids_len * sizeof(uint32_t));
+            d->ids_at = (uint32_t)t->ids_len;
+            t->ids_len += s->ids_len;
+        }
         t->count++;
     }
     t->generation++;
-    PyMem_Free(old);
+    free(old);
     PyMem_Free(old_keys);
     PyMem_Free(old_ids);
     return 0;
@@ -171,12 +200,15 @@ static PyObject *id_object(PieceTable *t, uint32_t id) {
         PyObject **objs = PyMem_Realloc(t->id_objs, n * sizeof(PyObject *));
         if (objs == NULL)
             return PyErr_NoMemory();
-        memset(objs + t->id_objs_len, 0, (n - t->id_objs_len) * sizeof(PyObject *));
         t->id_objs = objs;
+        for (size_t i = t->id_objs_len; i < n; i++) /* made together: neighbours in memory, as ids in a text */
+            if ((objs[i] = PyLong_FromSize_t(i)) == NULL) {
+                for (size_t j = t->id_objs_len; j < i; j++)
+                    Py_DECREF(objs[j]);
+                return NULL;
+            }
         t->id_objs_len = n;
     }
-    if (t->id_objs[id] == NULL && (t->id_objs[id] = PyLong_FromUnsignedLong(id)) == NULL)
-        return NULL;
     return Py_NewRef(t->id_objs[id]);
 }
 
@@ -231,7 +263,7 @@ static PyObject *assemble(PieceTable *t, const Pieces *v, PyObject *const *fresh
         const Piece *p = &v->items[j];
         if (p->slot >= 0) {
             const Slot *slot = &t->slots[p->slot];
-            const uint32_t *src = t->ids + slot->ids_at;
+            const uint32_t *src = slot_ids(t, slot);
             for (uint32_t k = 0; k < slot->ids_len; k++) {
                 PyObject *o = id_object(t, src[k]);
                 if (o == NULL) {
@@ -422,33 +454,41 @@ static PyObject *keep(PieceTable *t, PyObject *fresh) {
             return NULL;
         if (2 * (t->count + 1) > t->mask + 1 && rebuild(t, 2 * (t->mask + 1), 0) < 0)
             return NULL; /* at most half full: the slots start few and double (a small table stays in cache) */
-        if (t->keys_len + (size_t)len > UINT32_MAX || t->ids_len + (size_t)m > UINT32_MAX)
-            continue; /* the arenas' offsets are 32-bit (max_pieces * max_chars keeps far below) */
+        if (len > UINT16_MAX || m > UINT16_MAX || t->keys_len + (size_t)len > UINT32_MAX ||
+            t->ids_len + (size_t)m > UINT32_MAX)
+            continue; /* far beyond max_chars' pieces; the arenas' offsets are 32-bit */
         Slot *d = place(t, h);
         if (d == NULL) /* its neighbourhood is full (colliding text): not kept, encoded each time */
             continue;
         if (grow((void **)&t->keys, &t->keys_cap, t->keys_len + (size_t)len, 1) < 0 ||
             grow((void **)&t->ids, &t->ids_cap, t->ids_len + (size_t)m, sizeof(uint32_t)) < 0)
             return NULL;
+        uint32_t *ids = m <= INLINE_IDS ? d->ids : t->ids + t->ids_len; /* d stays empty (hash 0) until kept */
         int fits = 1;
         for (Py_ssize_t k = 0; k < m && fits; k++) {
             PyObject *o = PyList_GET_ITEM(value, k);
             unsigned long v = PyLong_Check(o) ? PyLong_AsUnsignedLong(o) : (unsigned long)-1;
             fits = !PyErr_Occurred() && PyLong_Check(o) && v <= UINT32_MAX;
             PyErr_Clear();
-            t->ids[t->ids_len + (size_t)k] = (uint32_t)v;
+            ids[k] = (uint32_t)v;
         }
         if (!fits) /* not ids this table can hold: left out, encoded each time */
             continue;
-        memcpy(t->keys + t->keys_len, s, (size_t)len);
+        if (m > INLINE_IDS) {
+            d->ids_at = (uint32_t)t->ids_len;
+            t->ids_len += (size_t)m;
+        }
+        if (len <= INLINE_KEY) {
+            memcpy(d->key, s, (size_t)len);
+        } else {
+            memcpy(t->keys + t->keys_len, s, (size_t)len);
+            d->key_at = (uint32_t)t->keys_len;
+            t->keys_len += (size_t)len;
+        }
         d->hash = h;
         d->seq = t->seq++;
-        d->key_at = (uint32_t)t->keys_len;
-        d->key_len = (uint32_t)len;
-        d->ids_at = (uint32_t)t->ids_len;
-        d->ids_len = (uint32_t)m;
-        t->keys_len += (size_t)len;
-        t->ids_len += (size_t)m;
+        d->key_len = (uint16_t)len;
+        d->ids_len = (uint16_t)m;
         t->count++;
     }
     Py_RETURN_NONE;
@@ -464,11 +504,9 @@ static int init(PieceTable *t, PyObject *args, PyObject *kwds) {
         return -1;
     }
     size_t n = 64;
-    PyMem_Free(t->slots);
-    if ((t->slots = PyMem_Calloc(n, sizeof(Slot))) == NULL) {
-        PyErr_NoMemory();
+    free(t->slots);
+    if ((t->slots = new_slots(n)) == NULL)
         return -1;
-    }
     t->mask = n - 1;
     t->count = t->keys_len = t->ids_len = 0;
     t->max_pieces = max_pieces;
@@ -481,7 +519,7 @@ static int init(PieceTable *t, PyObject *args, PyObject *kwds) {
 }
 
 static void dealloc(PieceTable *t) {
-    PyMem_Free(t->slots);
+    free(t->slots);
     PyMem_Free(t->keys);
     PyMem_Free(t->ids);
     for (size_t i = 0; i < t->id_objs_len; i++)
