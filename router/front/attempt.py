@@ -4,7 +4,6 @@ appended), the headers passed on, the fingerprint suspects are known by, and the
 from __future__ import annotations
 
 import functools
-import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -12,6 +11,7 @@ from typing import Any
 import orjson
 
 from sgl_moe.router.config import RouterConfig
+from sgl_moe.router.front.request_ids import new_rid
 from sgl_moe.router.placement.suspects import SuspectList
 
 PROXIED = ("/generate", "/v1/score", "/v1/decisions", "/v1/completions", "/v1/chat/completions")
@@ -54,7 +54,7 @@ class Attempt:
         abort_rid = None
         if endpoint in RID_ENDPOINTS:
             if client_rid is None and single_prompt(endpoint, body):
-                client_rid = abort_rid = f"sgl-moe-{os.urandom(16).hex()}"  # unique: SGLang aborts by rid prefix
+                client_rid = abort_rid = f"sgl-moe-{new_rid()}"  # one length: SGLang aborts by rid prefix
             elif isinstance(client_rid, str):
                 abort_rid = client_rid
             if client_rid is not None:  # appended to the bytes already made, as `body["rid"] = ...` would be

@@ -16,7 +16,6 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
-import os
 import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -28,6 +27,7 @@ from sgl_moe.router.errors import RequestError, error_body, error_response, requ
 from sgl_moe.router.front.attempt import Attempt
 from sgl_moe.router.front.intake import read_body
 from sgl_moe.router.front.prefill_tasks import ScorePlan, Task, TaskError, combine, parse_tasks, plan_score, read_score
+from sgl_moe.router.front.request_ids import new_rid
 from sgl_moe.router.request.chat_prompt import chat_prompt, template_message
 from sgl_moe.router.request.parsed_request import ParsedRequest
 from sgl_moe.router.request.request_fields import check_model
@@ -155,7 +155,7 @@ async def _classify(router: Router, request: web.Request) -> web.Response:
         return error_response(400, exc.message, param=exc.param)
     except RequestError as exc:
         return request_error_response(exc)
-    rid = request.headers.get("x-request-id") or os.urandom(16).hex()
+    rid = request.headers.get("x-request-id") or new_rid()
     pass_authorization = router.cfg.api_key is None and router.cfg.admin_api_key is None
     gate = asyncio.Semaphore(UNITS_IN_FLIGHT)
 

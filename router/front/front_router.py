@@ -30,6 +30,7 @@ from sgl_moe.router.front.forwarding import Forwarder
 from sgl_moe.router.front.http_server import BareRequest, Handoff, HotRoutes, router_routes
 from sgl_moe.router.front.intake import parse, read_body
 from sgl_moe.router.front.placement_client import OwnerGone, PlacementClient
+from sgl_moe.router.front.request_ids import new_rid
 from sgl_moe.router.front.worker_client import WorkerClient
 from sgl_moe.router.membership.discovery import Discovery
 from sgl_moe.router.membership.plain_worker import PlainWorkers
@@ -202,7 +203,7 @@ class FrontRouter:
         raw = await read_body(request, self.cfg)
         if isinstance(raw, web.Response):
             return raw
-        rid = request.headers.get("x-request-id") or os.urandom(16).hex()
+        rid = request.headers.get("x-request-id") or new_rid()
         model = self.model
         if model is None and self._model_msg is not None and self._model_msg.worker_url is not None:
             model = await self._loaded_model()

@@ -11,7 +11,6 @@ import asyncio
 import dataclasses
 import gc
 import logging
-import os
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -33,6 +32,7 @@ from sgl_moe.router.front.front_router import FAILED_WORKER_HEADER, FAILURE_HEAD
 from sgl_moe.router.front.http_server import BareCounts, BareRequest, Handoff, HotRoutes, router_routes
 from sgl_moe.router.front.intake import parse, read_body
 from sgl_moe.router.front.metrics import RouterMetrics
+from sgl_moe.router.front.request_ids import new_rid
 from sgl_moe.router.front.worker_client import WorkerClient
 from sgl_moe.router.membership.worker import NotAWorker, Worker, WorkerError
 from sgl_moe.router.membership.worker_pool import WorkerPool
@@ -236,7 +236,7 @@ class Router:
         raw = await read_body(request, self.cfg)
         if isinstance(raw, web.Response):
             return raw
-        rid = request.headers.get("x-request-id") or os.urandom(16).hex()
+        rid = request.headers.get("x-request-id") or new_rid()
         pool = self.pool
         if pool.tokenizer is None:
             return error_response(503, "no worker is registered yet; add one with POST /workers or wait for the "
