@@ -34,6 +34,7 @@ from sgl_moe.router.config import RouterConfig
 from sgl_moe.router.errors import error_response
 from sgl_moe.router.front.attempt import PROXIED
 from sgl_moe.router.front.auth import allowed, bearer
+from sgl_moe.router.front.http_head import request_head
 from sgl_moe.router.front.intake import too_slow
 
 log = logging.getLogger("sgl_moe.router")
@@ -189,6 +190,12 @@ class BareConnection(asyncio.Protocol):
         """Why the request in progress is not for the bare side (a ``BareCounts.handed_off`` reason)."""
         self.second = False
         """Another request began after the current one was complete (pipelining)."""
+        self.fast = request_head is not None
+        """The current request is read by ``request_head`` (its head is of the common shape, or not all here yet);
+        False: by ``httptools``."""
+        self.expect = -1
+        """``request_head``: the bytes of the head and body together, once the head was read."""
+        self.head_len = 0
 
     # -- asyncio.Protocol ------------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -210,6 +217,47 @@ class BareConnection(asyncio.Protocol):
                 self.paused = True  # bounded as aiohttp bounds what it buffers; resumed when handed over
                 self.transport.pause_reading()
             return
+        if self.fast:
+            self._read_fast()
+            return
+        self._feed(data)
+
+    def _read_fast(self) -> None:
+        """``data_received`` for a head of the common shape (``http_head``): the head in one call, then the body by
+        its length. Any other head goes to ``httptools`` from its first byte."""
+        buf = self.buf
+        if self.expect < 0:
+            head = request_head(buf)
+            if head is None:
+                if len(buf) > MAX_HEAD_BYTES:
+                    self._hand_off(bytes(buf), "bad_head")
+                return
+            if head is False or head[0] != b"POST" or head[1] not in self.hot.paths:  # the reasons httptools' gave
+                self.fast = False
+                self._feed(bytes(buf))
+                return
+            method, self.path, self.headers, self.head_len, self.keep_alive = head
+            self.head_done = True
+            self._disarm()
+            self.refuse = self._judge(method, self.path, self.headers)
+            if self.refuse:
+                self._hand_off(bytes(buf), self.refuse)
+                return
+            self.expect = self.head_len + int(self.headers["content-length"])
+        if len(buf) < self.expect:
+            if self.timer is None:
+                self._arm(self.hot.body_timeout_s, self._body_timeout)
+            return
+        if len(buf) > self.expect:  # the next request began before this one was answered
+            self._hand_off(bytes(buf), "pipelined")
+            return
+        self.complete = True
+        self._disarm()
+        request = BareRequest(self.path, self.headers, bytes(buf[self.head_len:]))
+        self.task = self.loop.create_task(self._answer(request, self.keep_alive, len(buf)))
+
+    def _feed(self, data: bytes) -> None:
+        """``data_received`` through ``httptools``."""
         try:
             self.parser.feed_data(data)
         except (httptools.HttpParserError, httptools.HttpParserUpgrade):
@@ -240,15 +288,20 @@ class BareConnection(asyncio.Protocol):
         self.head_done = True
         self.keep_alive = self.parser.should_keep_alive()  # llhttp's flags are reset once the message completes
         self._disarm()
-        hot, h = self.hot, self.headers
+        self.refuse = self._judge(self.parser.get_method(), self.url.decode("latin-1"), self.headers)
+
+    def _judge(self, method: bytes, path: str, h: dict[str, str]) -> str | None:
+        """Why a request with this head is not the bare side's (a ``BareCounts.handed_off`` reason), or None."""
+        hot = self.hot
         length = h.get("content-length")
-        if self.parser.get_method() != b"POST" or self.url.decode("latin-1") not in hot.paths:
-            self.refuse = "route"
-        elif (length is None or not length.isdigit() or int(length) > hot.max_body or "expect" in h
-              or "transfer-encoding" in h):
-            self.refuse = "body"
-        elif not hot.allowed(h.get("authorization")):
-            self.refuse = "key"
+        if method != b"POST" or path not in hot.paths:
+            return "route"
+        if (length is None or not length.isdigit() or int(length) > hot.max_body or "expect" in h
+                or "transfer-encoding" in h):
+            return "body"
+        if not hot.allowed(h.get("authorization")):
+            return "key"
+        return None
 
     def on_body(self, body: bytes) -> None:
         self.body.append(body)

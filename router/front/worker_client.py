@@ -28,7 +28,10 @@ from urllib.parse import urlsplit
 import httptools
 
 from sgl_moe.router.errors import WorkerFailure
+from sgl_moe.router.front.http_head import response_head
 
+MAX_HEAD_BYTES = 64 * 1024
+"""An answer's head not complete past this many bytes is left to ``httptools`` (and its limits)."""
 READ_PAUSE_BYTES = 1 << 20
 """Bytes of a streamed answer buffered before reading from the worker pauses until the client takes them."""
 
@@ -131,7 +134,9 @@ class _Stale(Exception):
 
 
 class _Connection(asyncio.Protocol):
-    """One kept-alive connection to a worker (``httptools`` calls the ``on_*`` methods while parsing)."""
+    """One kept-alive connection to a worker. An answer whose head has the common shape (``http_head``: a
+    ``Content-Length``, no ``Transfer-Encoding``) is read by ``response_head`` and its length; any other by
+    ``httptools``, which calls the ``on_*`` methods while parsing."""
 
     def __init__(self) -> None:
         self.transport: asyncio.Transport | None = None
@@ -140,6 +145,13 @@ class _Connection(asyncio.Protocol):
         self.closed = False
         self.idle_since = 0.0
         self.uses = 0
+        self.fast = False
+        """The current answer is read by ``response_head``."""
+        self.head = bytearray()
+        """``response_head``: the answer's bytes until its head is complete."""
+        self.remaining = -1
+        """``response_head``: the body's bytes still to come (-1: the head is not read yet)."""
+        self.keep_alive = True
 
     # asyncio
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -151,11 +163,54 @@ class _Connection(asyncio.Protocol):
             self.close()
             return
         ex.answered = True
+        if self.fast:
+            self._read_fast(ex, data)
+            return
+        self._feed(ex, data)
+
+    def _feed(self, ex: _Exchange, data: bytes) -> None:
         try:
             self.parser.feed_data(data)
         except httptools.HttpParserError as exc:
             ex.fail(WorkerFailure(f"unreadable HTTP answer: {exc}", transport=True))
             self.close()
+
+    def _read_fast(self, ex: _Exchange, data: bytes) -> None:
+        """``data_received`` for an answer of the common shape: its head in one call, then its body by length."""
+        if self.remaining < 0:
+            buf = self.head
+            buf += data
+            head = response_head(buf)
+            if head is None and len(buf) <= MAX_HEAD_BYTES:
+                return
+            if not head:  # another shape (or a head too long): httptools reads it from its first byte
+                self.fast = False
+                data = bytes(buf)
+                buf.clear()
+                self._feed(ex, data)
+                return
+            ex.status, ex.headers, head_len, self.keep_alive = head
+            self.remaining = int(ex.headers["content-length"])
+            data = bytes(buf[head_len:])
+            buf.clear()
+            if not ex.head.done():
+                ex.head.set_result(None)
+        if data:
+            extra = len(data) - self.remaining
+            if extra > 0:  # bytes past the body: no request asked for them
+                data = data[:self.remaining]
+            self.remaining -= len(data)
+            if data:
+                self.on_body(data)
+            if extra > 0:
+                ex.fail(WorkerFailure(f"unreadable HTTP answer: {extra} bytes after its body", transport=True))
+                self.close()
+                return
+        if self.remaining == 0:
+            ex.complete = True
+            if not self.keep_alive:
+                self.close()
+            ex.wake()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
@@ -198,6 +253,8 @@ class _Connection(asyncio.Protocol):
     def send(self, data: bytes, head: asyncio.Future) -> _Exchange:
         self.uses += 1
         self.exchange = _Exchange(self, head)
+        self.fast, self.remaining = response_head is not None, -1
+        self.head.clear()
         self.transport.write(data)
         return self.exchange
 

@@ -11,7 +11,19 @@ import pytest
 from aiohttp import web
 
 from sgl_moe.router.errors import WorkerFailure
+from sgl_moe.router.front import http_head, worker_client
 from sgl_moe.router.front.worker_client import READ_PAUSE_BYTES, WorkerClient
+
+
+@pytest.fixture(autouse=True, params=["response_head", "httptools"])
+def head_reader(request, monkeypatch):
+    """Every test twice: answers' heads read by ``http_head.response_head`` where they have the common shape, and
+    every head by ``httptools`` (as where no C compiler was found)."""
+    if request.param == "httptools":
+        monkeypatch.setattr(worker_client, "response_head", None)
+    elif not http_head.NATIVE:
+        pytest.skip("built without a C compiler")
+    return request.param
 
 
 def _client(**kw) -> WorkerClient:
