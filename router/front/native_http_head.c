@@ -112,90 +112,78 @@ static int read_headers(const unsigned char *p, const unsigned char *end, PyObje
     return p == end - 2 ? 1 : 0;
 }
 
-static PyObject *request_head(PyObject *self, PyObject *arg) {
-    Py_buffer view;
-    if (PyObject_GetBuffer(arg, &view, PyBUF_SIMPLE) < 0) return NULL;
-    const unsigned char *p = view.buf;
-    Py_ssize_t n = head_end(p, view.len);
-    PyObject *out = NULL;
-    if (n < 0) {
-        out = Py_NewRef(Py_None);
-        goto done;
+/* The header lines from ``start`` as a dict (*headers), and whether Connection says close. Returns 1, 0 for another
+   shape (Connection: upgrade included), -1 on a Python error. */
+static int header_dict(const unsigned char *start, const unsigned char *end, PyObject **headers, int *close) {
+    int upgrade = 0;
+    *headers = PyDict_New();
+    if (*headers == NULL) return -1;
+    int ok = read_headers(start, end, *headers, close, &upgrade);
+    if (ok <= 0 || upgrade) {
+        Py_CLEAR(*headers);
+        return ok < 0 ? -1 : 0;
     }
+    return 1;
+}
+
+/* A request head of the common shape in p[0:n] (n: where "\r\n\r\n" ends): the tuple, False, or NULL. */
+static PyObject *read_request(const unsigned char *p, Py_ssize_t n) {
     const unsigned char *end = p + n, *m = p;
     while (m < end && *m >= 'A' && *m <= 'Z') m++;
     Py_ssize_t ml = m - p;
-    if (ml == 0 || *m != ' ' || !known_method(p, ml)) goto other;
+    if (ml == 0 || *m != ' ' || !known_method(p, ml)) return Py_NewRef(Py_False);
     const unsigned char *t = m + 1, *q = t;
-    if (*t != '/') goto other; /* origin form only */
+    if (*t != '/') return Py_NewRef(Py_False); /* origin form only */
     while (q < end && *q > 0x20 && *q < 0x7f) q++;
-    if (q == t || end - q < 11 || memcmp(q, " HTTP/1.1\r\n", 11) != 0) goto other;
-    PyObject *headers = PyDict_New();
-    if (headers == NULL) goto done;
-    int close = 0, upgrade = 0;
-    int ok = read_headers(q + 11, end, headers, &close, &upgrade);
-    if (ok <= 0 || upgrade) {
-        Py_DECREF(headers);
-        if (ok < 0) goto done;
-        goto other;
-    }
-    out = Py_BuildValue("(y#NNnO)", (const char *)p, ml, PyUnicode_DecodeLatin1((const char *)t, q - t, NULL),
-                        headers, n, close ? Py_False : Py_True);
-    goto done;
-other:
-    out = Py_NewRef(Py_False);
-done:
-    PyBuffer_Release(&view);
-    return out;
+    if (q == t || end - q < 11 || memcmp(q, " HTTP/1.1\r\n", 11) != 0) return Py_NewRef(Py_False);
+    PyObject *headers;
+    int close = 0, ok = header_dict(q + 11, end, &headers, &close);
+    if (ok <= 0) return ok < 0 ? NULL : Py_NewRef(Py_False);
+    return Py_BuildValue("(y#NNnO)", (const char *)p, ml, PyUnicode_DecodeLatin1((const char *)t, q - t, NULL),
+                         headers, n, close ? Py_False : Py_True);
 }
 
-static PyObject *response_head(PyObject *self, PyObject *arg) {
-    Py_buffer view;
-    if (PyObject_GetBuffer(arg, &view, PyBUF_SIMPLE) < 0) return NULL;
-    const unsigned char *p = view.buf;
-    Py_ssize_t n = head_end(p, view.len);
-    PyObject *out = NULL;
-    if (n < 0) {
-        out = Py_NewRef(Py_None);
-        goto done;
-    }
+/* A response head of the common shape in p[0:n]: the tuple, False, or NULL. */
+static PyObject *read_response(const unsigned char *p, Py_ssize_t n) {
     const unsigned char *end = p + n;
     /* "HTTP/1.1 DDD reason\r\n", the reason of printable characters */
-    if (n < 17 || memcmp(p, "HTTP/1.1 ", 9) != 0) goto other;
-    if (p[9] < '1' || p[9] > '5' || p[10] < '0' || p[10] > '9' || p[11] < '0' || p[11] > '9') goto other;
+    if (n < 17 || memcmp(p, "HTTP/1.1 ", 9) != 0) return Py_NewRef(Py_False);
+    if (p[9] < '1' || p[9] > '5' || p[10] < '0' || p[10] > '9' || p[11] < '0' || p[11] > '9')
+        return Py_NewRef(Py_False);
     int status = (p[9] - '0') * 100 + (p[10] - '0') * 10 + (p[11] - '0');
-    if (status < 200 || status == 204 || status == 304) goto other; /* no body by rule: llhttp's */
+    if (status < 200 || status == 204 || status == 304) return Py_NewRef(Py_False); /* no body by rule: llhttp's */
     const unsigned char *q = p + 12;
     if (*q == ' ') {
         q++;
         while (q < end && *q != '\r') {
-            if (*q != '\t' && (*q < 0x20 || *q > 0x7e)) goto other;
+            if (*q != '\t' && (*q < 0x20 || *q > 0x7e)) return Py_NewRef(Py_False);
             q++;
         }
     }
-    if (q + 1 >= end || q[0] != '\r' || q[1] != '\n') goto other;
-    PyObject *headers = PyDict_New();
-    if (headers == NULL) goto done;
-    int close = 0, upgrade = 0;
-    int ok = read_headers(q + 2, end, headers, &close, &upgrade);
-    if (ok <= 0 || upgrade) {
+    if (q + 1 >= end || q[0] != '\r' || q[1] != '\n') return Py_NewRef(Py_False);
+    PyObject *headers;
+    int close = 0, ok = header_dict(q + 2, end, &headers, &close);
+    if (ok <= 0) return ok < 0 ? NULL : Py_NewRef(Py_False);
+    if (PyDict_GetItemString(headers, "content-length") == NULL) { /* a body until the connection closes: llhttp's */
         Py_DECREF(headers);
-        if (ok < 0) goto done;
-        goto other;
+        return Py_NewRef(Py_False);
     }
-    int has_length = PyDict_GetItemString(headers, "content-length") != NULL;
-    if (!has_length) { /* a body until the connection closes: llhttp's */
-        Py_DECREF(headers);
-        goto other;
-    }
-    out = Py_BuildValue("(iNnO)", status, headers, n, close ? Py_False : Py_True);
-    goto done;
-other:
-    out = Py_NewRef(Py_False);
-done:
+    return Py_BuildValue("(iNnO)", status, headers, n, close ? Py_False : Py_True);
+}
+
+/* ``read`` on the buffer ``arg`` once its head is complete; None before. */
+static PyObject *read_head(PyObject *arg, PyObject *(*read)(const unsigned char *, Py_ssize_t)) {
+    Py_buffer view;
+    if (PyObject_GetBuffer(arg, &view, PyBUF_SIMPLE) < 0) return NULL;
+    Py_ssize_t n = head_end(view.buf, view.len);
+    PyObject *out = n < 0 ? Py_NewRef(Py_None) : read(view.buf, n);
     PyBuffer_Release(&view);
     return out;
 }
+
+static PyObject *request_head(PyObject *self, PyObject *arg) { return read_head(arg, read_request); }
+
+static PyObject *response_head(PyObject *self, PyObject *arg) { return read_head(arg, read_response); }
 
 static PyMethodDef methods[] = {
     {"request_head", request_head, METH_O, "A request head of the common shape, None (incomplete) or False."},
