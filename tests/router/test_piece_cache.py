@@ -6,10 +6,11 @@ while texts are encoded, the ids equal the tokenizer's own.
 """
 
 import random
+import re
 
 import pytest
 
-from sgl_moe.router.request import piece_cache, word_pieces
+from sgl_moe.router.request import piece_cache, router_tokenizer, word_pieces
 
 from . import test_prefix_memo
 from .test_prefix_memo import TOKENIZERS, full, plain, random_text
@@ -28,17 +29,31 @@ def table(request, monkeypatch):
     return request.param
 
 
+@pytest.fixture(params=["batch encode", "piece encoder"])
+def new_pieces(request):
+    """Makes the caches of a test; they encode new pieces with the batch encode or with ``piece_encoder`` (skipped
+    where the tokenizer has none)."""
+    def make(tok):
+        encode_new = None
+        if request.param == "piece encoder":
+            encode_new = router_tokenizer.piece_encoder(tok.backend, tok._encode_plain_batch)
+            if encode_new is None:
+                pytest.skip("this tokenizer has no piece encoder")
+        return piece_cache.PieceCache.of(tok.memo.rule, tok._encode_plain_batch, encode_new)
+    return make
+
+
 def _texts(rng: random.Random, n: int) -> list[str]:
     return [random_text(rng, rng.randint(1, 60)) for _ in range(n)] + [
         "\n".join(random_text(rng, 6) for _ in range(5)) for _ in range(n // 4)]
 
 
 @pytest.mark.parametrize("name", TOKENIZERS)
-def test_piece_ids_equal_a_whole_encode(name, tokenizers, table):
+def test_piece_ids_equal_a_whole_encode(name, tokenizers, table, new_pieces):
     tok = tokenizers(name)
     if tok.pieces is None:
         pytest.skip(f"{name}: no piece cache ({tok.memo_off_reason or 'texts are not cut at spaces'})")
-    cache = piece_cache.PieceCache.of(tok.memo.rule, tok._encode_plain_batch)
+    cache = new_pieces(tok)
     rng = random.Random(f"pieces-{name}")
     texts = _texts(rng, 200)
     for _ in range(2):  # cold, then warm
@@ -59,10 +74,10 @@ def test_the_shipped_tokenizer_cuts_at_spaces_and_byte_level_ones_do_not(tokeniz
         assert cache.encode_batch([text]) == plain(shipped, [text])
 
 
-def test_dropping_pieces_while_encoding_changes_no_id(tokenizers, monkeypatch, table):
+def test_dropping_pieces_while_encoding_changes_no_id(tokenizers, monkeypatch, table, new_pieces):
     tok = tokenizers("shipped")
     monkeypatch.setattr(piece_cache, "MAX_PIECES", 50)
-    cache = piece_cache.PieceCache.of(tok.memo.rule, tok._encode_plain_batch)
+    cache = new_pieces(tok)
     rng = random.Random("evict")
     texts = _texts(rng, 120)
     dropped = False
@@ -85,14 +100,14 @@ def test_the_router_tokenizer_encodes_through_pieces_exactly(tokenizers):
 
 
 @pytest.mark.parametrize("name", TOKENIZERS)
-def test_texts_split_by_words_and_by_the_regex_get_the_same_ids(name, tokenizers, table):
+def test_texts_split_by_words_and_by_the_regex_get_the_same_ids(name, tokenizers, table, new_pieces):
     """A text without two spaces in a row is split with ``str.split`` into words, its pieces kept by the word; one
     with them by the regex. The same words in both kinds of text, at the start, after a space, at the end, alone,
     with a space before or after the whole text: every text's ids equal a whole encode, cold and warm."""
     tok = tokenizers(name)
     if tok.pieces is None:
         pytest.skip(f"{name}: no piece cache ({tok.memo_off_reason or 'texts are not cut at spaces'})")
-    cache = piece_cache.PieceCache.of(tok.memo.rule, tok._encode_plain_batch)
+    cache = new_pieces(tok)
     rng = random.Random(f"split-{name}")
     words = ["the", "cat", "Hello", "world,", "42", "naïve", "x", "café.", "def", "(a)", "\n", "e\u0301", "🙂"]
     texts = ["", " ", "  ", "cat", " cat", "cat ", " cat ", "the  cat", "the cat  ", "  the cat", "the\ncat dog"]
@@ -154,13 +169,13 @@ def test_long_texts_are_cut_into_runs_that_end_where_a_piece_ends(monkeypatch):
 
 
 @pytest.mark.parametrize("name", TOKENIZERS)
-def test_long_texts_checked_and_encoded_run_by_run_get_a_whole_encodes_ids(name, tokenizers, monkeypatch):
+def test_long_texts_checked_and_encoded_run_by_run_get_a_whole_encodes_ids(name, tokenizers, monkeypatch, new_pieces):
     """With runs of a few characters, an added token or a mergeable pair across a run's end is still seen (the
     check by runs equals the check over the whole text) and every text's ids equal a whole encode, cold and warm."""
     tok = tokenizers(name)
     if tok.pieces is None:
         pytest.skip(f"{name}: no piece cache ({tok.memo_off_reason or 'texts are not cut at spaces'})")
-    cache = piece_cache.PieceCache.of(tok.memo.rule, tok._encode_plain_batch)
+    cache = new_pieces(tok)
     rng = random.Random(f"long-{name}")
     texts = [random_text(rng, rng.randint(20, 80)) for _ in range(150)]
     texts += [" ".join(random_text(rng, 3) for _ in range(10)) for _ in range(50)]
@@ -180,3 +195,45 @@ def test_a_text_without_utf8_is_encoded_whole(table):
     cache = piece_cache.PieceCache(lambda texts: [[len(t)] for t in texts], "", [], False, None)
     assert cache.encode_batch(["a \ud800 b", "a bc"]) == [[5] if table == "native" else [1, 2, 2], [1, 3]]
     assert cache.whole == (1 if table == "native" else 0)
+
+
+@pytest.mark.parametrize("name", TOKENIZERS)
+def test_the_piece_encoder_gives_the_batch_encodes_ids(name, tokenizers):
+    """Every piece of random texts (words, numbers, combining sequences, ZWJ emoji, whitespace runs, ``▁`` as text,
+    broken added tokens) that holds no added token: ``piece_encoder``'s ids equal the batch encode's, for every
+    fixture tokenizer that has one (the byte-level ones too, which run a pre-tokenizer, though their memo does not
+    use it). The shipped tokenizer has one."""
+    tok = tokenizers(name)
+    encode = router_tokenizer.piece_encoder(tok.backend, tok._encode_plain_batch)
+    if name == "shipped":
+        assert encode is not None
+    if encode is None:
+        pytest.skip(f"{name}: no piece encoder")
+    added = [t.content for t in tok.backend.get_added_tokens_decoder().values() if t.content]
+    rng = random.Random(f"piece-encoder-{name}")
+    pieces = {p for _ in range(400) for p in re.findall(r" *[^ ]+| +", random_text(rng, rng.randint(1, 30)))}
+    pieces = sorted(p for p in pieces if not any(a in p for a in added))
+    assert len(pieces) > 300
+    assert encode(pieces) == plain(tok, pieces)
+
+
+def test_the_piece_encoder_declines_what_could_differ(tokenizers, caplog):
+    """No encoder for a tokenizer with an added token matched on normalized text, for BPE with dropout, or when a
+    probe piece's ids differ from the batch encode's (logged)."""
+    from tokenizers import AddedToken, Tokenizer
+
+    shipped = tokenizers("shipped").backend
+    assert router_tokenizer.piece_encoder(shipped, lambda texts: plain_of(shipped, texts)) is not None
+    normalized = Tokenizer.from_str(shipped.to_str())
+    normalized.add_tokens([AddedToken("zq", normalized=True)])
+    assert router_tokenizer.piece_encoder(normalized, lambda texts: plain_of(normalized, texts)) is None
+    dropout = Tokenizer.from_str(shipped.to_str())
+    dropout.model.dropout = 0.5
+    assert router_tokenizer.piece_encoder(dropout, lambda texts: plain_of(dropout, texts)) is None
+    off_by_one = lambda texts: [[i + 1 for i in ids] for ids in plain_of(shipped, texts)]  # noqa: E731
+    assert router_tokenizer.piece_encoder(shipped, off_by_one) is None
+    assert "piece encoder off" in caplog.text
+
+
+def plain_of(backend, texts):
+    return [e.ids for e in backend.encode_batch_fast(texts, add_special_tokens=False)]
