@@ -37,6 +37,9 @@ def test_smallest_run_reports_router_cpu_per_request_for_every_router_and_stream
     for s in result["streams"].values():
         assert s["requests"] == 200 and s["warmup"] == 10 and 150 <= s["tokens_min"] <= s["tokens_max"] <= 200, s
 
+    # Each stream ran once through the first router, unmeasured, before its measured runs (--warm-up-run).
+    assert [line.split()[1] for line in proc.stderr.splitlines() if line.startswith("[warm-up]")] == list(STREAMS)
+    assert result["config"]["warm_up_run"] is True
     rows = {(r["router"], r["stream"]): r for r in result["rows"]}
     assert set(rows) == {(r, s) for r in ("direct to stand-in", *ROUTERS) for s in STREAMS}
     for (router, stream), r in rows.items():
@@ -65,7 +68,8 @@ def test_smallest_run_reports_router_cpu_per_request_for_every_router_and_stream
     assert proc.stdout.startswith("| stream | router | CPU ms/req | user / kernel ms/req |")
     for router in ROUTERS:
         assert f"| shared-200 | {router} |" in proc.stdout and f"| unique-200 | {router} |" in proc.stdout
-    assert sum(line.startswith("[") for line in proc.stderr.splitlines()) == 6, proc.stderr
+    assert sum(line.startswith("[") and not line.startswith("[warm-up]") for line in proc.stderr.splitlines()) == 6, \
+        proc.stderr
 
 
 def test_front_processes_rows_report_the_placement_owner_cpu_and_its_bound(tmp_path):
