@@ -224,6 +224,10 @@ class _Connection(asyncio.Protocol):
         ex.fail(WorkerFailure(f"connection to the worker broke: {why}", transport=True))
 
     # httptools
+    def on_message_begin(self) -> None:
+        if self.exchange.complete:  # a second answer to one request (bytes past the first): no request asked for
+            self.close()            # it, and the next one sent here would read it as its own
+
     def on_header(self, name: bytes, value: bytes) -> None:
         self.exchange.headers[name.decode("latin-1").lower()] = value.decode("latin-1")
 

@@ -217,6 +217,54 @@ def test_broken_answers_are_transport_failures(how):
 
 
 @pytest.mark.parametrize("how", READS)
+def test_bytes_past_the_answers_length_are_not_read_as_the_next_answer(how):
+    """A worker that sends more than its ``Content-Length``, with its answer or after it while the connection is
+    idle: the connection is not used again, so the next request opens a new one instead of reading the stray bytes
+    as its answer. An answer with stray bytes in the same read fails as a transport failure where its head was read
+    in one call (``response_head``); ``httptools`` hands it over whole."""
+    stray = b"HTTP/1.1 200 OK\r\n"
+    ok = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n{}"
+
+    def worker(later: bool):
+        answered = []  # over all connections: only the first answer has stray bytes
+
+        async def handler(reader, writer):
+            while True:
+                try:
+                    await _read_request(reader)
+                except (asyncio.IncompleteReadError, ConnectionError):
+                    return
+                first = not answered
+                answered.append(1)
+                writer.write(ok if later or not first else ok + stray)
+                await writer.drain()
+                if later and first:
+                    await asyncio.sleep(0.05)
+                    writer.write(stray)
+        return handler
+
+    async def main():
+        for later in (False, True):
+            server, url = await _raw_server(worker(later))
+            client = _client()
+            try:
+                if later or worker_client.response_head is None:
+                    assert await _exchange(client, how, url + "/generate") == (200, {"content-length": "2"}, b"{}")
+                else:
+                    with pytest.raises(WorkerFailure) as info:
+                        await _exchange(client, how, url + "/generate")
+                    assert info.value.transport and not info.value.connect and not info.value.timeout
+                await asyncio.sleep(0.2)
+                assert await _exchange(client, how, url + "/generate") == (200, {"content-length": "2"}, b"{}")
+                assert client.connections_made == 2, later
+            finally:
+                client.close()
+                server.close()
+
+    asyncio.run(main())
+
+
+@pytest.mark.parametrize("how", READS)
 def test_no_answer_in_time_is_a_timeout_and_closes_the_connection(how):
     async def silent(reader, writer):
         await _read_request(reader)
