@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any
 
 import jinja2
 
-from sgl_moe.router.request.piece_cache import PieceCache
+from sgl_moe.router.request.piece_cache import EncodeBatch, PieceCache
 from sgl_moe.router.request.prefix_memo import MemoPath, PrefixMemo
 from sgl_moe.router.request.token_cuts import CutRule
 from sgl_moe.wire import TOKENIZER_FILE_NAMES, is_tokenizer_file_name
@@ -369,7 +369,7 @@ class RouterTokenizer:
             raise ChatTemplateError(str(e)) from e
 
 
-def piece_encoder(backend: Any, encode_plain: Any) -> Any:
+def piece_encoder(backend: Any, encode_plain: EncodeBatch) -> EncodeBatch | None:
     """For the piece cache: the ids of pieces (texts holding no added token's content) from the library's own
     normalizer, pre-tokenizer and model, called one after the other as its encode calls them; None where that
     could differ from ``encode_plain`` (``backend``'s batch encode without special tokens).
@@ -385,7 +385,8 @@ def piece_encoder(backend: Any, encode_plain: Any) -> Any:
     model = backend.model
     if not isinstance(model, models.BPE) or model.dropout:
         return None
-    if any(token.normalized for token in backend.get_added_tokens_decoder().values()):
+    added = list(backend.get_added_tokens_decoder().values())
+    if any(token.normalized for token in added):
         return None
     normalize = backend.normalizer.normalize_str if backend.normalizer is not None else None
     pre_tokenize = backend.pre_tokenizer.pre_tokenize_str if backend.pre_tokenizer is not None else None
@@ -401,8 +402,7 @@ def piece_encoder(backend: Any, encode_plain: Any) -> Any:
                 out.append([t.id for part, _ in pre_tokenize(text) for t in tokenize(part)])
         return out
 
-    probes = [p for p in PIECE_PROBES if not any(t.content and t.content in p
-                                                 for t in backend.get_added_tokens_decoder().values())]
+    probes = [p for p in PIECE_PROBES if not any(t.content and t.content in p for t in added)]
     if encode(probes) != encode_plain(probes):
         log.warning("piece encoder off: the tokenizer's model gives other ids than its encode for a probe piece")
         return None
