@@ -36,6 +36,7 @@ import argparse
 import gc
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -111,13 +112,14 @@ def _callgrind(*args: str) -> None:
     subprocess.run(["callgrind_control", *args, str(os.getpid())], check=True, capture_output=True)
 
 
-def run_one(source: Path, texts_file: Path, warmup: int, count_dir: Path | None = None) -> dict:
-    """``measure`` in a fresh interpreter importing ``source``'s sgl_moe; with ``count_dir``, under callgrind, and
-    the result is instructions per request per stream (``{"instructions": n}``)."""
+def run_one(source: Path, texts_file: Path, warmup: int, count_dir: Path | None = None,
+            python: str | None = None) -> dict:
+    """``measure`` in a fresh interpreter (``python``, default this one) importing ``source``'s sgl_moe; with
+    ``count_dir``, under callgrind, and the result is instructions per request per stream (``{"instructions": n}``)."""
     from sgl_moe.harness import callgrind  # here, in this checkout's interpreter (see ``_callgrind``)
 
     env = {**os.environ, "PYTHONPATH": str(source)}
-    cmd = [sys.executable, __file__, "--measure", str(texts_file), "--warmup", str(warmup)]
+    cmd = [python or sys.executable, __file__, "--measure", str(texts_file), "--warmup", str(warmup)]
     if count_dir is not None:
         count_dir.mkdir(parents=True, exist_ok=True)
         env.update(PYTHONHASHSEED="0", TOKENIZERS_PARALLELISM="false")
@@ -190,6 +192,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--baseline", type=Path, metavar="DIR",
                         help="a checkout of sgl_moe whose parse path is measured beside this one's")
+    parser.add_argument("--baseline-python", metavar="PYTHON",
+                        help="the interpreter the baseline is measured on (default: this one); with --baseline naming "
+                             "this checkout, the same code on two builds of Python")
     parser.add_argument("--out", type=Path, help="write every figure as JSON")
     parser.add_argument("--instructions", action="store_true",
                         help="count instructions per request under valgrind's callgrind instead of timing (once, "
@@ -211,6 +216,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
             parser.error(f"--baseline {args.baseline}: not a checkout of sgl_moe with router/request/ "
                          "(the layout since 04d4601)")
         args.baseline = args.baseline.resolve()
+    if args.baseline_python is not None and (args.baseline is None or shutil.which(args.baseline_python) is None):
+        parser.error("--baseline-python needs --baseline DIR and an interpreter that exists")
     return args
 
 
@@ -224,6 +231,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{len(texts)} streams of {args.warmup} + {args.requests} prompts built in {time.monotonic() - t0:.1f} s",
           file=sys.stderr)
     sources = {"this checkout": REPO, **({f"baseline {args.baseline.name}": args.baseline} if args.baseline else {})}
+    pythons = {label: args.baseline_python if label.startswith("baseline") else None for label in sources}
     runs: dict[str, list[dict]] = {label: [] for label in sources}
     with tempfile.TemporaryDirectory(prefix="parse-path-") as tmp:
         texts_file = Path(tmp) / "texts.json"
@@ -233,7 +241,8 @@ def main(argv: list[str] | None = None) -> int:
 
             t = time.monotonic()
             with ThreadPoolExecutor(len(sources)) as pool:
-                futures = {label: pool.submit(run_one, source, texts_file, args.warmup, Path(tmp) / f"cg{k}")
+                futures = {label: pool.submit(run_one, source, texts_file, args.warmup, Path(tmp) / f"cg{k}",
+                                                  pythons[label])
                            for k, (label, source) in enumerate(sources.items())}
                 for label, future in futures.items():
                     runs[label].append(future.result())
@@ -244,7 +253,7 @@ def main(argv: list[str] | None = None) -> int:
                 order.reverse()
             for label, source in order:
                 t = time.monotonic()
-                runs[label].append(run_one(source, texts_file, args.warmup))
+                runs[label].append(run_one(source, texts_file, args.warmup, python=pythons[label]))
                 totals = ", ".join(f"{s} {v['total']:.0f}" for s, v in runs[label][-1].items())
                 print(f"[repeat {rep + 1}/{args.repeats}] {label}: {totals} us/req ({time.monotonic() - t:.0f} s)",
                       file=sys.stderr)

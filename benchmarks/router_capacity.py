@@ -66,6 +66,7 @@ import os
 import platform
 import random
 import shlex
+import shutil
 import signal
 import sys
 import time
@@ -328,12 +329,15 @@ class RouterSpec:
     front_processes: int = 1
     source: Path | None = None
     """``sgl_moe_baseline``: the checkout its router runs from."""
+    python: str | None = None
+    """``sgl_moe_baseline``: the interpreter its router runs on (None: this one)."""
 
     @property
     def label(self) -> str:
         base = f"{self.engine} {self.policy}" + (" --no-prefix-memo" if self.name == "sgl_moe_no_memo" else "") + (
             " --http-server aiohttp" if self.name == "sgl_moe_aiohttp" else "") + (
-            f" (baseline {self.source.name})" if self.source is not None else "")
+            f" (baseline {self.source.name})" if self.source is not None else "") + (
+            f" (python {self.python})" if self.python is not None else "")
         return base if self.front_processes == 1 else f"{base} --front-processes {self.front_processes}"
 
     def extra_args(self) -> list[str]:
@@ -388,12 +392,13 @@ async def measure(url: str, stream: Stream, concurrency: int, cpu, stand_ins: St
 
 async def run_router(spec: RouterSpec, stand_ins: StandIns, stream: Stream, concurrency: int, log_dir: Path,
                      rep: int, instructions: bool = False) -> dict:
-    log = log_dir / f"{spec.label.replace(' ', '_')}-{stream.name}-{rep}.log"
+    log = log_dir / f"{spec.label.replace(' ', '_').replace('/', '_')}-{stream.name}-{rep}.log"
     counted = log.with_suffix(".callgrind") if instructions else None
     if counted:
         callgrind.clear(counted)  # a rerun into the same --log-dir
     router = RouterUnderTest(spec.policy, stand_ins.urls, log, extra_args=spec.extra_args(), engine=spec.engine,
-                             source=spec.source, wrap=callgrind.command(counted) if counted else None)
+                             source=spec.source, python=spec.python,
+                             wrap=callgrind.command(counted) if counted else None)
     try:
         try:
             await asyncio.to_thread(router.start, INSTRUMENTED_START_S if instructions else 120)
@@ -621,6 +626,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--baseline", type=Path, metavar="DIR",
                         help="a checkout of sgl_moe (e.g. `git worktree add DIR <commit>`) whose router runs as "
                              "sgl_moe_baseline (added to --routers) beside this one's, in the same run")
+    parser.add_argument("--baseline-python", metavar="PYTHON",
+                        help="the interpreter sgl_moe_baseline's router runs on (default: this one); with --baseline "
+                             "naming this checkout, the same code on two builds of Python side by side")
     parser.add_argument("--instructions", action="store_true",
                         help="run every router under valgrind's callgrind and count its instructions per request over "
                              "the measured window (deterministic where CPU time on this VM is not; slow: use a few "
@@ -651,6 +659,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
             args.routers = [*args.routers, "sgl_moe_baseline"]
     elif "sgl_moe_baseline" in args.routers:
         parser.error("sgl_moe_baseline needs --baseline DIR")
+    if args.baseline_python is not None:
+        if args.baseline is None:
+            parser.error("--baseline-python needs --baseline DIR")
+        if shutil.which(args.baseline_python) is None:
+            parser.error(f"--baseline-python {args.baseline_python}: no such interpreter")
     args.prompt_tokens = list(dict.fromkeys(args.prompt_tokens))
     args.front_processes = list(dict.fromkeys(args.front_processes))
     return args
@@ -661,8 +674,9 @@ def router_specs(args) -> list[RouterSpec]:
     for name in dict.fromkeys(args.routers):
         engine, policy = ROUTERS[name]
         if engine == "sgl_moe":
-            source = args.baseline if name == "sgl_moe_baseline" else None
-            specs += [RouterSpec(name, engine, policy, n, source) for n in args.front_processes]
+            baseline = name == "sgl_moe_baseline"
+            source, python = (args.baseline, args.baseline_python) if baseline else (None, None)
+            specs += [RouterSpec(name, engine, policy, n, source, python) for n in args.front_processes]
         else:
             specs.append(RouterSpec(name, engine, policy))
     return specs

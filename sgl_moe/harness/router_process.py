@@ -34,6 +34,9 @@ class RouterProcess:
     ``sgl_moe``): a benchmark comparing two versions side by side."""
     wrap: list[str] = field(default_factory=list)
     """A command the router runs under (``callgrind.command``: counting its instructions)."""
+    python: str | None = None
+    """The interpreter the router runs on (None: this one, ``sys.executable``): a benchmark comparing two builds
+    of Python side by side."""
 
     @property
     def url(self) -> str:
@@ -44,8 +47,8 @@ class RouterProcess:
             self.port = free_port(self.host)
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         log = open(self.log_path, "wb")
-        cmd = [*self.wrap, sys.executable, "-m", "sgl_moe.router", "--host", self.host, "--port", str(self.port),
-               "--worker-urls", *self.worker_urls, *self.args]
+        cmd = [*self.wrap, self.python or sys.executable, "-m", "sgl_moe.router", "--host", self.host,
+               "--port", str(self.port), "--worker-urls", *self.worker_urls, *self.args]
         self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
                                      env={**os.environ, "PYTHONUNBUFFERED": "1"}, cwd=self.source)
         log.close()

@@ -30,7 +30,8 @@ class RouterUnderTest:
     ``engine="sglang-router"`` runs a name both have (``round_robin``) with sglang-router."""
 
     def __init__(self, policy: str, worker_urls: list[str], log_path: Path, extra_args: list[str] | None = None,
-                 engine: str | None = None, source: Path | None = None, wrap: list[str] | None = None):
+                 engine: str | None = None, source: Path | None = None, wrap: list[str] | None = None,
+                 python: str | None = None):
         if engine is None:
             if policy not in POLICIES:
                 raise ValueError(f"unknown policy {policy!r}; choose from {', '.join(POLICIES)}")
@@ -47,6 +48,8 @@ class RouterUnderTest:
         """sgl_moe's router from this checkout instead of the installed one (``RouterProcess.source``)."""
         self.wrap = wrap or []
         """A command either router runs under (``callgrind.command``)."""
+        self.python = python
+        """sgl_moe's router on this interpreter instead of this one (``RouterProcess.python``)."""
         self.port = free_port()
         self._ours: RouterProcess | None = None
         self._proc: subprocess.Popen | None = None
@@ -61,7 +64,7 @@ class RouterUnderTest:
         if self.engine == "sgl_moe":
             self._ours = RouterProcess(log_path=self.log_path, worker_urls=self.worker_urls, port=self.port,
                                        args=["--policy", self.policy, "--log-level", "info", *self.extra_args],
-                                       source=self.source, wrap=self.wrap)
+                                       source=self.source, wrap=self.wrap, python=self.python)
             self._ours.start()
             self._ours.wait_ready(timeout=timeout)
             self._wait_tables_synced(timeout)

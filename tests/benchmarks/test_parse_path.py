@@ -20,12 +20,16 @@ def _run(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
 
 def test_smallest_run_reports_each_stage_for_both_checkouts(tmp_path):
     out = tmp_path / "parse_path.json"
+    marker = tmp_path / "baseline-python-ran"
+    python = tmp_path / "python"  # ``--baseline-python``: this interpreter, through a script that says it ran
+    python.write_text(f'#!/bin/bash\ntouch {marker}\nexec {sys.executable} "$@"\n')
+    python.chmod(0o755)
     proc = _run("--prompt-tokens", "50", "--requests", "40", "--warmup", "10", "--repeats", "1",
-                "--baseline", str(REPO), "--out", str(out))
+                "--baseline", str(REPO), "--baseline-python", str(python), "--out", str(out))
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads(out.read_text())
     assert result["streams"] == ["shared-50", "unique-50"] and result["requests"] == 40
-    assert set(result["runs"]) == {"this checkout", f"baseline {REPO.name}"}
+    assert set(result["runs"]) == {"this checkout", f"baseline {REPO.name}"} and marker.exists()
     for label, reps in result["runs"].items():
         assert len(reps) == 1
         for stream in result["streams"]:
@@ -40,7 +44,8 @@ def test_bad_arguments_are_one_line_errors():
     for bad, message in ((["--requests", "0"], "--requests must be positive"),
                          (["--warmup", "-1"], "--warmup must be 0 or more"),
                          (["--prompt-tokens", "9"], "--prompt-tokens must be between"),
-                         (["--baseline", "/nonexistent"], "not a checkout of sgl_moe")):
+                         (["--baseline", "/nonexistent"], "not a checkout of sgl_moe"),
+                         (["--baseline-python", sys.executable], "--baseline-python needs --baseline DIR")):
         proc = _run(*bad, timeout=60)
         assert proc.returncode == 2 and message in proc.stderr and "Traceback" not in proc.stderr, (bad, proc.stderr)
 

@@ -77,9 +77,14 @@ def test_front_processes_rows_report_the_placement_owner_cpu_and_its_bound(tmp_p
     ``--baseline DIR`` runs the router of checkout DIR (here this one) as one more row, in the same rotation."""
     out = tmp_path / "fp.json"
     # 200 requests: the owner's share (~0.1-0.2 ms each) must span several of the kernel's 10 ms CPU ticks
+    marker = tmp_path / "baseline-python-ran"
+    python = tmp_path / "python"  # ``--baseline-python``: this interpreter, through a script that says it ran
+    python.write_text(f'#!/bin/bash\ntouch {marker}\nexec {sys.executable} "$@"\n')
+    python.chmod(0o755)
     proc = _run("--prompt-tokens", "50", "--shapes", "shared", "--requests", "200", "--warmup", "0",
                 "--concurrency", "4", "--repeats", "1", "--routers", "sgl_moe", "--front-processes", "1", "2",
-                "--baseline", str(REPO), "--no-kv-events", "--log-dir", str(tmp_path / "logs"), "--out", str(out))
+                "--baseline", str(REPO), "--baseline-python", str(python), "--no-kv-events",
+                "--log-dir", str(tmp_path / "logs"), "--out", str(out))
     assert proc.returncode == 0, proc.stderr[-3000:]
     rows = {r["router"]: r for r in json.loads(out.read_text())["rows"]}
     assert rows["sgl_moe longest_block_match"]["cpu_ms_per_request"] > 0
@@ -93,7 +98,8 @@ def test_front_processes_rows_report_the_placement_owner_cpu_and_its_bound(tmp_p
     assert 0 < two["owner_cpu_ms_per_request"] < two["cpu_ms_per_request"], two
     assert two["owner_bound_req_per_s"] == 1e3 / two["owner_cpu_ms_per_request"]
     assert f"{two['owner_cpu_ms_per_request']:.3f} ({two['owner_bound_req_per_s']:.0f})" in proc.stdout
-    base = rows[f"sgl_moe longest_block_match (baseline {REPO.name})"]
+    base = rows[f"sgl_moe longest_block_match (baseline {REPO.name}) (python {python})"]
+    assert marker.exists()
     assert base["available"] and base["errors"] == 0 and base["cpu_ms_per_request"] > 0, base
 
 
@@ -148,6 +154,7 @@ def test_bad_sizes_are_one_line_errors():
                          (["--routers", "fastest"], "invalid choice"),
                          (["--baseline", "/nonexistent"], "not a checkout of sgl_moe"),
                          (["--routers", "sgl_moe_baseline"], "sgl_moe_baseline needs --baseline DIR"),
+                         (["--baseline-python", sys.executable], "--baseline-python needs --baseline DIR"),
                          (["--shapes", "zipf"], "invalid choice")):
         proc = _run(*SMALLEST, *bad, timeout=60)
         assert proc.returncode == 2 and "Traceback" not in proc.stderr, (bad, proc.stderr)
