@@ -64,11 +64,14 @@ def hf_config(cfg: TrainConfig):
     )
 
 
-def train(out_dir: Path, cfg: TrainConfig, stop_after: int | None = None) -> list[dict]:
+def train(out_dir: Path, cfg: TrainConfig, stop_after: int | None = None, corpus_root: Path | None = None
+          ) -> list[dict]:
     """Train and save to ``out_dir``; returns the loss log.
 
     ``stop_after``: stop after that step without saving the model (reproducibility checks): the
-    schedule still follows ``cfg.steps``, so the losses equal those of the full run.
+    schedule still follows ``cfg.steps``, so the losses equal those of the full run. ``corpus_root``: the
+    stdlib directory to read the corpus from (default: this interpreter's; the shipped run read Python
+    3.11.7's, ``MODEL_CARD.md``).
     """
     import torch
     from tokenizers import Tokenizer
@@ -82,7 +85,7 @@ def train(out_dir: Path, cfg: TrainConfig, stop_after: int | None = None) -> lis
     torch.set_num_threads(cfg.threads)
     t_start = time.time()
 
-    corpus = load_corpus()
+    corpus = load_corpus(corpus_root)
     print(f"corpus: {len(corpus.train)} train files ({corpus.train_chars / 1e6:.1f} M chars), "
           f"{len(corpus.heldout)} held-out files ({corpus.heldout_chars / 1e6:.2f} M chars)", flush=True)
 
