@@ -216,8 +216,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
             parser.error(f"--baseline {args.baseline}: not a checkout of sgl_moe with router/request/ "
                          "(the layout since 04d4601)")
         args.baseline = args.baseline.resolve()
-    if args.baseline_python is not None and (args.baseline is None or shutil.which(args.baseline_python) is None):
-        parser.error("--baseline-python needs --baseline DIR and an interpreter that exists")
+    if args.baseline_python is not None:
+        if args.baseline is None:
+            parser.error("--baseline-python needs --baseline DIR")
+        if shutil.which(args.baseline_python) is None:
+            parser.error(f"--baseline-python {args.baseline_python}: no such interpreter")
     return args
 
 

@@ -18,12 +18,9 @@ def _run(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
                           text=True, timeout=timeout)
 
 
-def test_smallest_run_reports_each_stage_for_both_checkouts(tmp_path):
+def test_smallest_run_reports_each_stage_for_both_checkouts(tmp_path, marked_python):
     out = tmp_path / "parse_path.json"
-    marker = tmp_path / "baseline-python-ran"
-    python = tmp_path / "python"  # ``--baseline-python``: this interpreter, through a script that says it ran
-    python.write_text(f'#!/bin/bash\ntouch {marker}\nexec {sys.executable} "$@"\n')
-    python.chmod(0o755)
+    python, marker = marked_python
     proc = _run("--prompt-tokens", "50", "--requests", "40", "--warmup", "10", "--repeats", "1",
                 "--baseline", str(REPO), "--baseline-python", str(python), "--out", str(out))
     assert proc.returncode == 0, proc.stderr[-3000:]

@@ -72,15 +72,12 @@ def test_smallest_run_reports_router_cpu_per_request_for_every_router_and_stream
         proc.stderr
 
 
-def test_front_processes_rows_report_the_placement_owner_cpu_and_its_bound(tmp_path):
+def test_front_processes_rows_report_the_placement_owner_cpu_and_its_bound(tmp_path, marked_python):
     """``--front-processes 2`` is passed to sgl_moe's router: its row has the whole tree's CPU and the owner's.
     ``--baseline DIR`` runs the router of checkout DIR (here this one) as one more row, in the same rotation."""
     out = tmp_path / "fp.json"
     # 200 requests: the owner's share (~0.1-0.2 ms each) must span several of the kernel's 10 ms CPU ticks
-    marker = tmp_path / "baseline-python-ran"
-    python = tmp_path / "python"  # ``--baseline-python``: this interpreter, through a script that says it ran
-    python.write_text(f'#!/bin/bash\ntouch {marker}\nexec {sys.executable} "$@"\n')
-    python.chmod(0o755)
+    python, marker = marked_python
     proc = _run("--prompt-tokens", "50", "--shapes", "shared", "--requests", "200", "--warmup", "0",
                 "--concurrency", "4", "--repeats", "1", "--routers", "sgl_moe", "--front-processes", "1", "2",
                 "--baseline", str(REPO), "--baseline-python", str(python), "--no-kv-events",
