@@ -92,3 +92,42 @@ def test_python_set_decides_and_is_checked(tmp_path: Path) -> None:
     assert _pick(TOOLS, PYTHON=REAL).stdout.strip() == REAL
     wrong = _pick(TOOLS, PYTHON=str(tmp_path / "nothing"))
     assert wrong.returncode != 0 and "not a Python 3.11 interpreter" in wrong.stderr
+
+
+def _repo_with_venv(tmp_path: Path, venv_python: Path) -> Path:
+    """A copy of the two scripts with a ``.venv`` whose interpreter is ``venv_python``."""
+    repo = tmp_path / "repo"
+    (repo / "tools").mkdir(parents=True)
+    for name in ("bootstrap.sh", "python_speed.py"):
+        (repo / "tools" / name).write_text((REPO / "tools" / name).read_text())
+    (repo / ".venv" / "bin").mkdir(parents=True)
+    _venv_python(repo, venv_python)
+    return repo
+
+
+def _venv_python(repo: Path, base: Path) -> None:
+    """``.venv/bin/python`` running ``base`` (a stub names itself as the base interpreter a venv would)."""
+    python = repo / ".venv" / "bin" / "python"
+    python.write_text(f'#!/bin/bash\nexec {base} "$@"\n')
+    python.chmod(0o755)
+
+
+def test_pick_python_says_when_the_existing_venv_is_on_a_slower_interpreter(tmp_path: Path) -> None:
+    slow, fast = tmp_path / "a", tmp_path / "b"
+    slow.mkdir()
+    fast.mkdir()
+    _stub(slow / "python3.11", "0.500")
+    _stub(fast / "python3", "0.010")
+    dirs = [slow, fast, *TOOLS]
+    repo = _repo_with_venv(tmp_path, slow / "python3.11")
+    env = {**os.environ, "PATH": os.pathsep.join(map(str, dirs))}
+    done = subprocess.run(["bash", str(repo / "tools" / "bootstrap.sh"), "--pick-python"], capture_output=True,
+                          text=True, env=env)
+    assert done.returncode == 0, done.stderr
+    assert f"note: .venv runs on {slow / 'python3.11'} (0.500 s" in done.stderr
+    assert f"{fast / 'python3'} (0.010 s) is faster" in done.stderr
+    # on the fastest one already: nothing to say
+    _venv_python(repo, fast / "python3")
+    done = subprocess.run(["bash", str(repo / "tools" / "bootstrap.sh"), "--pick-python"], capture_output=True,
+                          text=True, env=env)
+    assert done.returncode == 0 and "note:" not in done.stderr, done.stderr

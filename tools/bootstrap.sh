@@ -38,8 +38,24 @@ pick_python() {
     echo "$best"
 }
 
+# An existing .venv keeps its interpreter. Say so when a new one would be made on a faster one (the same 10% rule).
+check_venv_python() {
+    local venv_exe venv_t best best_exe best_t
+    venv_exe=$(.venv/bin/python -c 'import os, sys; print(os.path.realpath(sys._base_executable))' 2>/dev/null) \
+        || return 0
+    best=$(pick_python 2>/dev/null) || return 0
+    best_exe=$("$best" -c 'import os, sys; print(os.path.realpath(sys.executable))')
+    [ "$best_exe" != "$venv_exe" ] || return 0
+    venv_t=$("$venv_exe" tools/python_speed.py) && best_t=$("$best" tools/python_speed.py) || return 0
+    if awk -v t="$best_t" -v b="$venv_t" 'BEGIN { exit !(t < 0.9 * b) }'; then
+        echo "[bootstrap] note: .venv runs on $venv_exe (${venv_t} s on tools/python_speed.py); $best_exe" \
+            "(${best_t} s) is faster, and the router with it: delete .venv and run this again to rebuild on it" >&2
+    fi
+}
+
 if [ "${1:-}" = "--pick-python" ]; then  # which interpreter a new .venv would be made with, and why
     pick_python
+    if [ -x .venv/bin/python ]; then check_venv_python; fi
     exit
 fi
 
@@ -47,6 +63,10 @@ if [ ! -x .venv/bin/python ]; then
     py=$(pick_python)
     echo "[bootstrap] creating .venv with $($py --version) ($py)"
     "$py" -m venv .venv
+    touch .venv/.sgl_moe-python-checked
+elif [ ! -e .venv/.sgl_moe-python-checked ]; then  # once per .venv: a few seconds
+    check_venv_python
+    touch .venv/.sgl_moe-python-checked
 fi
 
 deps_stamp=.venv/.sgl_moe-deps

@@ -124,7 +124,8 @@ def render(card: dict, model_dir: Path) -> str:
         "```", f"python -m sgl_moe.training.train --out sgl_moe/models/{model_dir.name} --steps {tc.get('steps')} "
         f"--seed {tc.get('seed')}", "```", "",
         f"Measured with Python {sys.version.split()[0]} ({platform.machine()}); the corpus is that Python's stdlib,",
-        "so another patch version gives a slightly different corpus.", "",
+        "so another patch version gives a slightly different corpus: add `--corpus-root` with that version's stdlib",
+        "directory to read it from another interpreter.", "",
         "## Shape", "",
         "| | |", "|---|---|",
         f"| layers (all MoE) | {c['num_hidden_layers']} |",

@@ -152,15 +152,24 @@ def train(out_dir: Path, cfg: TrainConfig, stop_after: int | None = None, corpus
 
 
 def main(argv: list[str] | None = None) -> None:
+    from sgl_moe.training.corpus import stdlib_root
+
     parser = argparse.ArgumentParser(prog="python -m sgl_moe.training.train", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, required=True, help="output model directory")
+    parser.add_argument("--corpus-root", type=Path, default=None, metavar="DIR",
+                        help="the Python stdlib directory to read the corpus from (default: this interpreter's, "
+                        f"{stdlib_root()}); the shipped model's is Python 3.11.7's (MODEL_CARD.md), and another "
+                        "patch version's stdlib is another corpus")
     defaults = TrainConfig()
     for name, value in asdict(defaults).items():
         parser.add_argument(f"--{name.replace('_', '-')}", type=type(value), default=value)
     args = parser.parse_args(argv)
+    if args.corpus_root is not None and not any(args.corpus_root.glob("*.py")):
+        parser.error(f"--corpus-root {args.corpus_root}: not a Python stdlib directory (no .py files in it)")
     cfg = TrainConfig(**{k: getattr(args, k) for k in asdict(defaults)})
-    train(args.out, cfg)
+    print(f"corpus: the stdlib at {args.corpus_root or stdlib_root()}", flush=True)
+    train(args.out, cfg, corpus_root=args.corpus_root)
     from sgl_moe.training.model_card import write_model_card
 
     write_model_card(args.out)

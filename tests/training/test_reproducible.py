@@ -68,3 +68,28 @@ def test_tokenizer_and_first_steps_reproduce_the_shipped_run(tmp_path):
         # absorbs a different CPU's vector width.
         assert rec["lm_loss"] == pytest.approx(shipped[rec["step"]]["lm_loss"], abs=2e-3)
         assert rec["aux_loss"] == pytest.approx(shipped[rec["step"]]["aux_loss"], abs=2e-3)
+
+
+def test_cli_reads_the_corpus_from_corpus_root(tmp_path, monkeypatch, capsys):
+    from sgl_moe.training import train as train_module
+
+    called = {}
+    monkeypatch.setattr(train_module, "train", lambda out, cfg, corpus_root=None: called.update(
+        out=out, steps=cfg.steps, corpus_root=corpus_root))
+    monkeypatch.setattr("sgl_moe.training.model_card.write_model_card", lambda out: None)
+    root = tmp_path / "lib"
+    root.mkdir()
+    (root / "os.py").write_text("x = 1\n")
+    train_module.main(["--out", str(tmp_path / "m"), "--steps", "3", "--corpus-root", str(root)])
+    assert called == {"out": tmp_path / "m", "steps": 3, "corpus_root": root}
+    assert f"corpus: the stdlib at {root}" in capsys.readouterr().out
+
+
+def test_cli_refuses_a_corpus_root_without_python_files(tmp_path, capsys):
+    from sgl_moe.training import train as train_module
+
+    with pytest.raises(SystemExit) as exc:
+        train_module.main(["--out", str(tmp_path / "m"), "--corpus-root", str(tmp_path / "missing")])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert f"--corpus-root {tmp_path / 'missing'}: not a Python stdlib directory (no .py files in it)" in err
