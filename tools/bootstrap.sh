@@ -39,11 +39,11 @@ pick_python() {
 }
 
 # An existing .venv keeps its interpreter. Say so when a new one would be made on a faster one (the same 10% rule).
+# $1: the interpreter a new .venv would be made with (pick_python's answer).
 check_venv_python() {
-    local venv_exe venv_t best best_exe best_t
+    local venv_exe venv_t best=$1 best_exe best_t
     venv_exe=$(.venv/bin/python -c 'import os, sys; print(os.path.realpath(sys._base_executable))' 2>/dev/null) \
         || return 0
-    best=$(pick_python 2>/dev/null) || return 0
     best_exe=$("$best" -c 'import os, sys; print(os.path.realpath(sys.executable))')
     [ "$best_exe" != "$venv_exe" ] || return 0
     venv_t=$("$venv_exe" tools/python_speed.py) && best_t=$("$best" tools/python_speed.py) || return 0
@@ -54,8 +54,9 @@ check_venv_python() {
 }
 
 if [ "${1:-}" = "--pick-python" ]; then  # which interpreter a new .venv would be made with, and why
-    pick_python
-    if [ -x .venv/bin/python ]; then check_venv_python; fi
+    best=$(pick_python)
+    echo "$best"
+    if [ -x .venv/bin/python ]; then check_venv_python "$best"; fi
     exit
 fi
 
@@ -65,7 +66,7 @@ if [ ! -x .venv/bin/python ]; then
     "$py" -m venv .venv
     touch .venv/.sgl_moe-python-checked
 elif [ ! -e .venv/.sgl_moe-python-checked ]; then  # once per .venv: a few seconds
-    check_venv_python
+    if best=$(pick_python 2>/dev/null); then check_venv_python "$best"; fi
     touch .venv/.sgl_moe-python-checked
 fi
 

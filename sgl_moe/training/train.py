@@ -159,8 +159,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--out", type=Path, required=True, help="output model directory")
     parser.add_argument("--corpus-root", type=Path, default=None, metavar="DIR",
                         help="the Python stdlib directory to read the corpus from (default: this interpreter's, "
-                        f"{stdlib_root()}); the shipped model's is Python 3.11.7's (MODEL_CARD.md), and another "
-                        "patch version's stdlib is another corpus")
+                        f"{stdlib_root()}); the shipped model's is the stdlib of the Python its MODEL_CARD.md names, "
+                        "and another patch version's stdlib is another corpus")
     defaults = TrainConfig()
     for name, value in asdict(defaults).items():
         parser.add_argument(f"--{name.replace('_', '-')}", type=type(value), default=value)
