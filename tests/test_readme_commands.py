@@ -87,6 +87,7 @@ RUN_BY: dict[str, list[str]] = {
     "benchmarks/tokenizer_bench.py": ["tests/benchmarks/test_tokenizer_bench.py"],
     "benchmarks/bench_serving_routers.py": ["tests/live/test_bench_scripts_live.py"],
     "benchmarks/offload_worker_bench.py": ["tests/live/test_bench_scripts_live.py"],
+    "benchmarks/worker_front_cpu.py": ["tests/live/test_bench_scripts_live.py"],
 }
 
 _COMMAND = re.compile(

@@ -72,3 +72,30 @@ def test_offload_worker_bench_smallest_run(worker, worker_group):
     # a one-token request that makes it write them (without it, 0 experts copied was seen in CI). A 4-token run's
     # decode may still hit and miss nothing after layer 0 (0 / 0 seen in a full suite run).
     assert hits >= 0 and misses >= 0 and int(exact[5]) > 0 and float(exact[6]) > 0, proc.stdout
+
+
+def test_worker_front_cpu_smallest_run(worker, tmp_path):
+    """Covers ``.venv/bin/python benchmarks/worker_front_cpu.py`` (docs/router.md) at its smallest size against the
+    session's reference ``worker``: one 200-token shared stream, 20 requests per form, one repeat. Every request is
+    answered, and the worker prefilled exactly the ids sent (text and ids alike: a form that prefilled other tokens
+    fails the run); the CPU figures are checked for presence, never for size (10 ms ticks over 20 requests)."""
+    out = tmp_path / "worker_front_cpu.json"
+    proc = _run("worker_front_cpu.py", "--prompt-tokens", "200", "--shapes", "shared", "--requests", "20",
+                "--warmup", "4", "--repeats", "1", "--worker-url", worker.url, "--worker-pid", str(worker.proc.pid),
+                "--out", str(out))
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    result = json.loads(out.read_text())
+    assert "--worker-pid" in result["command"] and result["config"]["requests"] == 20
+    rows = {(r["stream"], r["form"]): r for r in result["rows"]}
+    assert set(rows) == {("shared-200", "text"), ("shared-200", "ids")}
+    for key, r in rows.items():
+        assert r["requests"] == 20 and r["errors"] == 0 and r["prompt_tokens_differ"] == 0, (key, r)
+        assert 150 <= r["tokens_mean"] <= 200, (key, r)
+        assert r["front_cpu_ms_per_request"] >= 0 and r["engine_cpu_ms_per_request"] > 0, (key, r)
+    assert set(result["front_cpu_saved_ms_per_request"]) == {"shared-200"}
+    assert "front CPU the ids spare the worker per request: shared-200" in proc.stdout
+
+
+def test_worker_front_cpu_refuses_a_pid_without_a_url():
+    proc = _run("worker_front_cpu.py", "--worker-pid", "1")
+    assert proc.returncode == 2 and "--worker-url and --worker-pid go together" in proc.stderr, proc.stderr
