@@ -23,8 +23,8 @@ over each measured window, per request. The front spends some CPU with nothing t
 on timers); ``--idle-s`` seconds with no request measure that rate first, and **front less idle** subtracts it over
 each window's wall time (both forms run about as long, so their difference hardly moves). Each (stream, form,
 repeat) gets its own slice of the stream, so no window meets tails another already cached; the forms' order
-reverses every other repeat. The answers' ``prompt_tokens`` must agree with the ids sent (text and ids alike): a
-form that prefilled other tokens is flagged.
+reverses every other repeat. The answers' ``prompt_tokens`` must equal the number of ids sent (text and ids
+alike): a form that prefilled another count is flagged.
 
 ``--worker-url URL --worker-pid PID`` measure a running worker (its main process's pid) instead of starting one.
 """
@@ -42,6 +42,8 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
+
+import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
@@ -76,27 +78,21 @@ class WorkerCpu:
     """CPU seconds (user + system) of a worker's main process and, apart, of its children."""
 
     def __init__(self, pid: int):
-        import psutil
-
         self.root = psutil.Process(pid)
-        self._children: dict[int, object] = {}
+        self._children: dict[int, tuple[psutil.Process, float]] = {}
+        """pid -> (process, its CPU seconds when last read): a child that exits keeps its last reading."""
 
     def read(self) -> tuple[float, float]:
-        import psutil
-
         t = self.root.cpu_times()
-        front = t.user + t.system
-        for child in self.root.children(recursive=True):  # kept: a child read once stays counted while it lives
-            self._children.setdefault(child.pid, child)
-        engine = 0.0
-        for pid, child in list(self._children.items()):
+        for child in self.root.children(recursive=True):
+            self._children.setdefault(child.pid, (child, 0.0))
+        for pid, (child, _) in self._children.items():
             try:
                 c = child.cpu_times()
             except psutil.NoSuchProcess:
-                del self._children[pid]
                 continue
-            engine += c.user + c.system
-        return front, engine
+            self._children[pid] = (child, c.user + c.system)
+        return t.user + t.system, sum(last for _, last in self._children.values())
 
 
 def stream_slices(stream, parts: int) -> list[list[StreamUnit]]:
@@ -157,7 +153,7 @@ def table(rows: list[dict]) -> str:
         if r["errors"]:
             flagged.append(f"{r['errors']} errors ({r['first_error']})")
         if r["prompt_tokens_differ"]:
-            flagged.append(f"{r['prompt_tokens_differ']} prefilled other tokens (sent, answered: "
+            flagged.append(f"{r['prompt_tokens_differ']} prefilled another count (sent, answered: "
                            f"{r['first_difference']})")
         lines.append(f"| {r['stream']} | {r['form']} | {r['front_cpu_ms_per_request']:.3f} ({reps}) | "
                      f"{r['front_less_idle_ms_per_request']:.3f} | "
@@ -206,8 +202,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     if (args.worker_url is None) != (args.worker_pid is None):
         parser.error("--worker-url and --worker-pid go together")
     if args.worker_pid is not None:
-        import psutil
-
         if not psutil.pid_exists(args.worker_pid):
             parser.error(f"--worker-pid {args.worker_pid}: no such process")
     args.prompt_tokens = list(dict.fromkeys(args.prompt_tokens))

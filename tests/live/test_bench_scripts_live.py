@@ -77,8 +77,9 @@ def test_offload_worker_bench_smallest_run(worker, worker_group):
 def test_worker_front_cpu_smallest_run(worker, tmp_path):
     """Covers ``.venv/bin/python benchmarks/worker_front_cpu.py`` (docs/router.md) at its smallest size against the
     session's reference ``worker``: one 200-token shared stream, 20 requests per form, one repeat. Every request is
-    answered, and the worker prefilled exactly the ids sent (text and ids alike: a form that prefilled other tokens
-    fails the run); the CPU figures are checked for presence, never for size (10 ms ticks over 20 requests)."""
+    answered, and the worker prefilled as many tokens as the ids sent (text and ids alike: a form that prefilled
+    another count fails the run); the CPU figures are checked for presence, never for size (10 ms ticks over 20
+    requests)."""
     out = tmp_path / "worker_front_cpu.json"
     proc = _run("worker_front_cpu.py", "--prompt-tokens", "200", "--shapes", "shared", "--requests", "20",
                 "--warmup", "4", "--repeats", "1", "--worker-url", worker.url, "--worker-pid", str(worker.proc.pid),
