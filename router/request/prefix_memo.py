@@ -19,15 +19,20 @@ tokenizer then encodes every text whole), logged once and counted. The interval 
 many times is checked less often (at 2,000 tokens a whole encode costs about 30 times a memoised one, so one text
 in 64 checked forever was about 4% of the router's CPU; one in 1,024 is a quarter of a percent).
 
-Nodes are dropped least recently used first once they hold more than ``budget_tokens`` ids. A path is touched
-from its deepest node up, so a node is always more recent than its descendants and the oldest one is a leaf.
-The memo is shared by the threads that parse requests: one lock guards the tree, never held while encoding.
+Nodes are dropped least recently used first once they hold more than ``budget_tokens`` ids, down to
+``EVICT_TO`` of it in one pass. A text's use stamps only the deepest node of its path (one integer, whatever the
+path's length); a node was last used when the most recent stamp in its subtree was set, so a node is always at
+least as recent as its descendants, and a pass drops the least recent first and, among equals, the deepest first:
+a node goes only after every node under it. The memo is shared by the threads that parse requests: one lock
+guards the tree, never held while encoding.
 
 *Hints* spare a popular prefix its walk: for the first ``segment_chars`` characters of a text (the root's bucket
 key), the memo keeps the last few deepest paths texts took from there, each with its whole text and its ids in
 one list. A text that starts with a hint's text (one comparison at C speed) starts its walk at the hint's node,
 and its ids start as a copy of the hint's. That path is one the walk could have taken (every segment on it starts
-the text where the walk would look for it); its ends are checked as the walk's are (``_plan``).
+the text where the walk would look for it); its ends are checked as the walk's are (``_plan``), the few that can
+need it listed on the hint. A hint's deepest node also keeps the page hashes of the whole path (``through``), so
+a hinted text's hashes start as a copy of them too.
 """
 
 from __future__ import annotations
@@ -51,6 +56,8 @@ BUDGET_TOKENS = 2_000_000
 """Ids the memo keeps (4 bytes each) before it drops the least recently used segments."""
 GROW_SEGMENTS = 4
 """Segments after its match a text remembers as seen at least (``_seen_cuts``): what a unique text pays for."""
+EVICT_TO = 0.9
+"""Share of ``budget_tokens`` an eviction pass leaves (a pass walks every node, so it frees a tenth at once)."""
 GHOSTS = 65_536
 """Segments remembered as seen once (a hash each) before they become nodes on a second sight."""
 CHECK_EVERY = 64
@@ -87,6 +94,18 @@ class MemoNode:
     from here is at least that long, so a text finds its candidates with one lookup), then by their text."""
     hashes: dict[tuple[int, bytes | None], tuple[list[BlockHash], bytes | None]] = field(default_factory=dict)
     """(page size, seed) -> hashes of the pages that end in this segment, and the chain's digest after them."""
+    depth: int = 0
+    """Nodes from the root's child through this one (the root's is 0)."""
+    stamp: int = 0
+    """When a text's path last ended here (``PrefixMemo._clock``); a node's own last use is the largest stamp in
+    its subtree."""
+    alive: bool = True
+    """False once evicted (a hint that holds it is dropped on sight)."""
+    hint_refs: int = 0
+    """Hints whose deepest node this is."""
+    through: dict[tuple[int, bytes | None], tuple[list[BlockHash], bytes | None]] | None = None
+    """While ``hint_refs``: (page size, seed) -> hashes of every page that ends in this node or before it, from
+    the text's start, and the chain's digest after them."""
 
 
 MemoPath = tuple[MemoNode, ...]
@@ -129,7 +148,8 @@ class PrefixMemo:
         self.tokens = 0
         """Ids the nodes hold."""
         self._root = MemoNode(None, "", array.array("I"), len(prefix))
-        self._lru: OrderedDict[int, MemoNode] = OrderedDict()
+        self._clock = 0
+        """Texts assembled so far: the stamp of the next one's deepest node."""
         self._ghosts: OrderedDict[int, None] = OrderedDict()
         """Hashes of (prefix, segment) seen once (``_seen_cuts``)."""
         self._hints: OrderedDict[str, list[_Hint]] = OrderedDict()
@@ -201,6 +221,7 @@ class PrefixMemo:
             else:
                 path = list(hint.path)
                 node, start, checked = path[-1], path[-1].chars, [False] * len(path)
+                first = len(path) - 1  # the hint's ends before its last need a check only where it says
             while node.children:
                 bucket = node.children.get(text[start:self._head_end(start)])
                 if not bucket:
@@ -219,7 +240,7 @@ class PrefixMemo:
                 node, start = child, child.chars
                 path.append(child)
             last = len(path) - 1
-            for k in range(last + 1):
+            for k in (range(last + 1) if hint is None else (*hint.short_before, *range(first, last + 1))):
                 if not checked[k] and (k == last or len(path[k + 1].key) < reach) and not allows(text, path[k].chars):
                     del path[k:]  # the ends before k are allowed cuts (checked, or by the argument above)
                     node, start = (path[-1], path[-1].chars) if path else (self._root, 0)
@@ -239,10 +260,9 @@ class PrefixMemo:
         n = len(text)
         for i, hint in enumerate(hints):
             if len(hint.text) < n and text.startswith(hint.text):
-                deepest = hint.path[-1]
-                if self._lru.get(id(deepest)) is not deepest:  # evicted (its ancestors may stay): drop the hint
+                if not hint.path[-1].alive:  # evicted (its ancestors may stay): drop the hint
                     del hints[i]
-                    self._hint_ids -= len(hint.ids)
+                    self._drop_hint(hint)
                     return None
                 if i:
                     hints.insert(0, hints.pop(i))
@@ -254,20 +274,33 @@ class PrefixMemo:
     def _remember(self, head: str, text: str, path: MemoPath, ids: list[int], extends: _Hint | None) -> None:
         """Under the lock: ``path`` (deepest last) is the newest hint for ``head``; it replaces ``extends``, the hint
         it went on from (a prefix memoised further keeps one hint, not one per length)."""
-        deepest = path[-1]
-        hint = _Hint(text[:deepest.chars], path, ids[:deepest.end])
+        deepest, reach = path[-1], self.rule.reach
+        short = tuple(k for k in range(len(path) - 1) if len(path[k + 1].key) < reach)
+        hint = _Hint(text[:deepest.chars], path, ids[:deepest.end], short)
         hints = self._hints.setdefault(head, [])
         if extends is not None and extends in hints:
             hints.remove(extends)
-            self._hint_ids -= len(extends.ids)
+            self._drop_hint(extends)
         hints.insert(0, hint)
         self._hint_ids += len(hint.ids)
+        deepest.hint_refs += 1
+        if deepest.through is None:
+            deepest.through = {}
         if len(hints) > HINTS_PER_HEAD:
-            self._hint_ids -= len(hints.pop().ids)
+            self._drop_hint(hints.pop())
         self._hints.move_to_end(head)
         while self._hint_ids > HINT_IDS and self._hints:
             _, dropped = self._hints.popitem(last=False)
-            self._hint_ids -= sum(len(h.ids) for h in dropped)
+            for h in dropped:
+                self._drop_hint(h)
+
+    def _drop_hint(self, hint: _Hint) -> None:
+        """Under the lock: ``hint`` is no longer kept (already out of its list)."""
+        self._hint_ids -= len(hint.ids)
+        deepest = hint.path[-1]
+        deepest.hint_refs -= 1
+        if not deepest.hint_refs:
+            deepest.through = None
 
     def _seen_cuts(self, node: MemoNode, text: str, start: int, remember: int) -> list[int]:
         """The checkpoints after ``node`` to memoise now: those ending segments already seen once after the same
@@ -322,10 +355,14 @@ class PrefixMemo:
         memo_ids = len(ids) - len(self.prefix)
         node = plan.node
         for seg, seg_ids in zip(plan.to_encode[:-1], encoded):  # every piece but the tail ends at a checkpoint
+            if not node.alive:  # evicted by another thread since the plan: nothing hangs from it any more
+                ids.extend(seg_ids)
+                continue
             bucket = node.children.setdefault(seg[:self._head_end(node.chars) - node.chars], {})
             child = bucket.get(seg)
             if child is None:
-                child = MemoNode(node, seg, array.array("I", seg_ids), node.end + len(seg_ids), node.chars + len(seg))
+                child = MemoNode(node, seg, array.array("I", seg_ids), node.end + len(seg_ids), node.chars + len(seg),
+                                 depth=node.depth + 1)
                 bucket[seg] = child
                 self.tokens += len(seg_ids)
             node = child
@@ -333,9 +370,9 @@ class PrefixMemo:
             ids.extend(child.ids)
         ids.extend(encoded[-1])
         ids.extend(self.suffix)
-        for n in reversed(path):  # deepest first: ancestors end up more recent than descendants
-            self._lru[id(n)] = n
-            self._lru.move_to_end(id(n))
+        if path:
+            self._clock += 1
+            path[-1].stamp = self._clock  # its ancestors' last use is the largest stamp under them (``_evict``)
         self.stats.memo_ids += memo_ids
         path_t = tuple(path)
         if path and (base is None or base.path[-1] is not path[-1]):
@@ -343,15 +380,33 @@ class PrefixMemo:
         return ids, path_t
 
     def _evict(self) -> None:
-        while self.tokens > self.budget_tokens and self._lru:
-            _, node = self._lru.popitem(last=False)
+        """Under the lock: over the budget, the least recently used nodes go, deepest first among equals, until
+        the nodes hold ``EVICT_TO`` of it. A node's last use is the largest stamp in its subtree, so it is never
+        older than a descendant and goes after all of them."""
+        if self.tokens <= self.budget_tokens:
+            return
+        nodes: list[MemoNode] = []  # parents before their children
+        stack = [self._root]
+        while stack:
+            node = stack.pop()
+            nodes.append(node)
+            stack.extend(child for bucket in node.children.values() for child in bucket.values())
+        used = {id(node): node.stamp for node in nodes}
+        for node in reversed(nodes[1:]):  # children first: a parent's last use is its subtree's latest stamp
+            if used[id(node)] > used[id(node.parent)]:
+                used[id(node.parent)] = used[id(node)]
+        order = sorted(((used[id(node)], -node.depth, i, node) for i, node in enumerate(nodes[1:])))
+        target = int(self.budget_tokens * EVICT_TO)
+        for *_, node in order:
+            if self.tokens <= target:
+                break
             parent = node.parent
-            head = node.key[:self._head_end(parent.chars) - parent.chars] if parent is not None else ""
-            bucket = parent.children.get(head) if parent is not None else None
-            if bucket is not None and bucket.get(node.key) is node:
-                del bucket[node.key]
-                if not bucket:
-                    del parent.children[head]
+            head = node.key[:self._head_end(parent.chars) - parent.chars]
+            bucket = parent.children[head]
+            del bucket[node.key]
+            if not bucket:
+                del parent.children[head]
+            node.alive = False
             self.tokens -= len(node.ids)
 
     def _check(self, texts: list[str], out: list[list[int]], paths: list[MemoPath]) -> None:
@@ -381,7 +436,6 @@ class PrefixMemo:
         self.enabled, self.disabled_reason = False, reason
         with self._lock:
             self._root.children.clear()
-            self._lru.clear()
             self._hints.clear()
             self.tokens = 0
             self._hint_ids = 0
@@ -410,6 +464,9 @@ class _Hint:
     path: MemoPath
     ids: list[int]
     """The ids through the deepest node's end, the special tokens added in front included."""
+    short_before: tuple[int, ...]
+    """Indices ``k`` of ``path`` (before its last) whose next segment is shorter than ``CutRule.reach``: the ends
+    ``_plan`` checks again for a text that starts with the hint (the others are allowed by the argument there)."""
 
 
 def _first_difference(a: list[int], b: list[int]) -> int:
@@ -420,9 +477,15 @@ def page_hashes(path: MemoPath, ids: Sequence[int], page_size: int, seed: bytes 
     """``block_hashes(ids, page_size, seed)``, reusing the hashes ``path``'s nodes hold (``ids`` came with
     ``path`` from ``PrefixMemo.encode_batch``) and leaving there the ones it computes."""
     key = (page_size, seed)
-    done, digest = 0, seed
+    done, digest, start = 0, seed, 0
     hashes: list[BlockHash] = []
-    for node in path:
+    for k in range(len(path) - 1, -1, -1):  # the deepest node that keeps the whole chain (a hint's: near the end)
+        through = path[k].through
+        if through is not None and key in through:
+            kept, digest = through[key]
+            hashes, done, start = kept.copy(), path[k].end // page_size, k + 1
+            break
+    for node in path[start:]:
         state = node.hashes.get(key)
         end = node.end // page_size
         if state is None:
@@ -431,6 +494,9 @@ def page_hashes(path: MemoPath, ids: Sequence[int], page_size: int, seed: bytes 
                 node.hashes[key] = state
         hashes += state[0]
         digest, done = state[1], end
+        through = node.through
+        if through is not None and key not in through and len(through) < HASH_KEYS_PER_NODE:
+            through[key] = (hashes.copy(), digest)
     rest, _ = block_hash_chain(ids[done * page_size:], page_size, digest)
     hashes += rest
     return hashes

@@ -302,3 +302,84 @@ def test_text_seen_once_costs_no_nodes_and_a_prefix_seen_again_is_memoised(token
     ids = memo.encode_batch([prefix + " three"])[0][0]
     assert memo.stats.memo_ids > 0 and ids == full(tok, [prefix + " three"])[0]
     assert first == full(tok, [prefix + " one"])[0]
+
+
+def memo_nodes(memo: PrefixMemo) -> list:
+    """Every node reachable from the root (the root left out)."""
+    out, stack = [], [memo._root]
+    while stack:
+        node = stack.pop()
+        out.append(node)
+        stack.extend(c for bucket in node.children.values() for c in bucket.values())
+    return out[1:]
+
+
+def test_eviction_drops_the_least_recently_used_paths_and_leaves_no_orphans(tokenizers):
+    """A text stamps only its path's deepest node; a pass drops the paths no text used lately, never a node before
+    the nodes under it, and leaves the memo's count equal to the ids its reachable nodes hold."""
+    tok = tokenizers("shipped")
+    memo = fresh(tok, segment_chars=32, budget_tokens=10**9)
+    rng = random.Random(11)
+    prefixes = [random_text(rng, 80) for _ in range(6)]
+    for p in prefixes:
+        for k in range(4):  # seen again and again: memoised deeper each time
+            memo.encode_batch([p + f" tail {k}"])
+    nodes = memo_nodes(memo)
+    assert memo.tokens == sum(len(n.ids) for n in nodes) > 0
+    kept = prefixes[-1]
+    memo.encode_batch([kept + " again"])  # the most recent use
+    kept_path = memo.encode_batch([kept + " once more"])[1][0]
+    assert len(kept_path) > 1
+    memo.budget_tokens = 2 * sum(len(n.ids) for n in kept_path)  # a pass leaves 1.8 paths of the six
+    memo.encode_batch([kept + " and again"])  # over budget: a pass runs after this text
+    left = memo_nodes(memo)
+    assert memo.tokens == sum(len(n.ids) for n in left) <= memo.budget_tokens
+    assert all(n.alive for n in left) and all(n in left for n in kept_path), "the recently used path was dropped"
+    gone = [n for n in nodes if n not in left]
+    assert gone and not any(n.alive for n in gone)
+    assert all(n.parent is None or n.parent.depth == 0 or n.parent in left for n in left), "an orphan was left"
+    for p in prefixes:  # dropped paths and hints come back as whole-encode ids
+        text = p + " after eviction"
+        assert memo.encode_batch([text])[0][0] == full(tok, [text])[0]
+
+
+def test_a_node_evicted_between_plan_and_assembly_gets_no_children(tokenizers):
+    tok = tokenizers("shipped")
+    memo = fresh(tok, segment_chars=32)
+    rng = random.Random(12)
+    prefix = random_text(rng, 150)
+    for k in range(3):
+        memo.encode_batch([prefix + f" x{k}"])
+    text = prefix + " y"
+    plan = memo._plan(text)
+    assert plan.path, "nothing memoised"
+    for n in memo_nodes(memo):  # another thread's eviction pass, between this text's plan and its assembly
+        n.alive = False
+    memo._root.children.clear()
+    memo.tokens = 0
+    encoded = plain(tok, plan.to_encode)
+    ids, _ = memo._assemble(plan, encoded)
+    assert ids == full(tok, [text])[0] and memo.tokens == 0 and not memo._root.children
+
+
+def test_a_hints_deepest_node_keeps_the_paths_page_hashes_while_the_hint_lives(tokenizers):
+    tok = tokenizers("shipped")
+    memo = fresh(tok, segment_chars=32)
+    rng = random.Random(13)
+    prefix = random_text(rng, 200)
+    for k in range(6):
+        ids, paths = memo.encode_batch([prefix + f" tail number {k}"])
+        for page, seed in ((1, None), (16, None), (16, salt_seed("t"))):
+            assert page_hashes(paths[0], ids[0], page, seed) == block_hashes(ids[0], page, seed)
+    assert memo.stats.hinted >= 2
+    [hint] = memo._hints[prefix[:32]]
+    deepest = hint.path[-1]
+    assert deepest.hint_refs == 1 and set(deepest.through) == {(1, None), (16, None), (16, salt_seed("t"))}
+    kept, _ = deepest.through[(16, None)]
+    assert kept == block_hashes(hint.ids, 16)[:deepest.end // 16]
+    kept[:] = [0] * len(kept)  # what a hinted text's hashes start from: a wrong chain would show
+    ids, paths = memo.encode_batch([prefix + " tail number 99"])
+    assert paths[0][:len(hint.path)] == hint.path
+    assert page_hashes(paths[0], ids[0], 16, None)[:len(kept)] == kept
+    memo._drop_hint(memo._hints[prefix[:32]].pop())
+    assert deepest.hint_refs == 0 and deepest.through is None
