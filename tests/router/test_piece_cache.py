@@ -237,3 +237,45 @@ def test_the_piece_encoder_declines_what_could_differ(tokenizers, caplog):
 
 def plain_of(backend, texts):
     return [e.ids for e in backend.encode_batch_fast(texts, add_special_tokens=False)]
+
+
+def _with_normalizer(backend, normalizer):
+    import json
+
+    from tokenizers import Tokenizer
+
+    spec = json.loads(backend.to_str())
+    spec["normalizer"] = normalizer
+    return Tokenizer.from_str(json.dumps(spec))
+
+
+def _replace(a, b):
+    return {"type": "Replace", "pattern": {"String": a}, "content": b}
+
+
+def test_the_piece_encoder_replaces_characters_itself_where_that_is_all_the_normalizer_does(tokenizers):
+    """A normalizer that only replaces single characters (the shipped model's ``" "`` -> ``"▁"``, or a sequence of
+    such, none replacing another's result) is applied as ``str.replace``; the ids still equal the batch encode's for
+    random pieces (``▁`` as text, the replaced characters themselves). Any other normalizer is left to the
+    library: a replacement chained onto another's result, a longer content, ``Prepend``, ``NFC``."""
+    shipped = tokenizers("shipped").backend
+    assert router_tokenizer.char_replacements(shipped) == [(" ", "\u2581")]
+    two = _with_normalizer(shipped, {"type": "Sequence",
+                                     "normalizers": [_replace(" ", "\u2581"), _replace("_", "\u2581")]})
+    assert router_tokenizer.char_replacements(two) == [(" ", "\u2581"), ("_", "\u2581")]
+    for backend in (shipped, two):
+        encode = router_tokenizer.piece_encoder(backend, lambda texts, b=backend: plain_of(b, texts))
+        assert encode is not None
+        rng = random.Random("piece-encoder-replacements")
+        added = [t.content for t in backend.get_added_tokens_decoder().values() if t.content]
+        pieces = {p for _ in range(300) for p in re.findall(r" *[^ ]+| +", random_text(rng, rng.randint(1, 30)))}
+        pieces |= {" _x", "__", " \u2581_", " \u2581\u2581", "   "}
+        pieces = sorted(p for p in pieces if not any(a in p for a in added))
+        assert encode(pieces) == plain_of(backend, pieces)
+    for normalizer in (
+            {"type": "Sequence", "normalizers": [_replace(" ", "\u2581"), _replace("\u2581", "_")]},  # chained
+            _replace(" ", "\u2581\u2581"),
+            {"type": "Sequence", "normalizers": [{"type": "Prepend", "prepend": "\u2581"}, _replace(" ", "\u2581")]},
+            {"type": "NFC"},
+            None):
+        assert router_tokenizer.char_replacements(_with_normalizer(shipped, normalizer)) is None, normalizer
