@@ -16,7 +16,8 @@ test sets them, the router's GC settings), sends ``--warmup`` ``/generate`` bodi
 
 Figures are CPU microseconds per request of the whole process (``time.process_time_ns``: a tokenizer thread pool
 counts too). ``--baseline DIR`` measures the checkout DIR's code (e.g. ``git worktree add DIR <commit>``) on the
-same texts, in its own interpreters, the two alternating (which goes first flips every repeat). The minimum over
+same texts, in its own interpreters, the two alternating (which goes first flips every repeat); a checkout whose C
+extensions do not import is refused unless ``--allow-python-fallbacks`` (``sgl_moe.harness.native_modules``). The minimum over
 repeats is reported with every repeat's figure: on a shared VM a run is only ever slowed down, not sped up. This
 is the path ``router_capacity`` measures inside the live router; its HTTP, event-loop, placement and forwarding
 costs are not here.
@@ -195,6 +196,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--baseline-python", metavar="PYTHON",
                         help="the interpreter the baseline is measured on (default: this one); with --baseline naming "
                              "this checkout, the same code on two builds of Python")
+    parser.add_argument("--allow-python-fallbacks", action="store_true",
+                        help="measure a --baseline checkout whose C extensions do not import (a git worktree holds no "
+                             "built .so files): it then runs their Python references. Refused by default")
     parser.add_argument("--out", type=Path, help="write every figure as JSON")
     parser.add_argument("--instructions", action="store_true",
                         help="count instructions per request under valgrind's callgrind instead of timing (once, "
@@ -221,6 +225,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
             parser.error("--baseline-python needs --baseline DIR")
         if shutil.which(args.baseline_python) is None:
             parser.error(f"--baseline-python {args.baseline_python}: no such interpreter")
+    if args.baseline is not None and not args.allow_python_fallbacks:
+        from sgl_moe.harness import native_modules  # this checkout's, in this interpreter
+
+        why = native_modules.refusal(args.baseline, args.baseline_python)
+        if why is not None:
+            parser.error(f"--baseline {why}")
     return args
 
 

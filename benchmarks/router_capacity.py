@@ -75,7 +75,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from sgl_moe import DEFAULT_MODEL_DIR
-from sgl_moe.harness import callgrind
+from sgl_moe.harness import callgrind, native_modules
 from sgl_moe.policy_bench.driver import Record, run_stream
 from sgl_moe.policy_bench.routers import RouterUnderTest
 from sgl_moe.policy_bench.stream import StreamUnit
@@ -87,7 +87,10 @@ ROUTERS = {"sgl_moe": ("sgl_moe", "longest_block_match"), "cache_aware": ("sglan
 """``--routers`` name -> (engine, policy). ``sgl_moe_no_memo`` (not run unless named): sgl_moe with
 ``--no-prefix-memo``, every text encoded whole. ``sgl_moe_aiohttp``: sgl_moe with ``--http-server aiohttp``, every
 request on aiohttp's server instead of the bare protocols. ``sgl_moe_baseline``: sgl_moe's router from the checkout
-``--baseline`` names (e.g. a ``git worktree`` of an older commit), to compare two versions in one run."""
+``--baseline`` names (e.g. a ``git worktree`` of an older commit), to compare two versions in one run. A checkout
+whose C extensions do not import (a worktree holds no built ``.so`` files) is refused, with the command that builds
+them in place (``sgl_moe.harness.native_modules``): it would run their Python references and measure slower than it
+is. ``--allow-python-fallbacks`` measures it anyway."""
 DEFAULT_ROUTERS = ["sgl_moe", "cache_aware", "round_robin"]
 INSTRUMENTED_START_S = 900.0
 """How long a router under callgrind (``--instructions``) may take to start: tens of times its usual seconds."""
@@ -629,6 +632,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--baseline-python", metavar="PYTHON",
                         help="the interpreter sgl_moe_baseline's router runs on (default: this one); with --baseline "
                              "naming this checkout, the same code on two builds of Python side by side")
+    parser.add_argument("--allow-python-fallbacks", action="store_true",
+                        help="measure a --baseline checkout whose C extensions do not import (a git worktree holds no "
+                             "built .so files): it then runs their Python references. Refused by default")
     parser.add_argument("--instructions", action="store_true",
                         help="run every router under valgrind's callgrind and count its instructions per request over "
                              "the measured window (deterministic where CPU time on this VM is not; slow: use a few "
@@ -664,6 +670,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
             parser.error("--baseline-python needs --baseline DIR")
         if shutil.which(args.baseline_python) is None:
             parser.error(f"--baseline-python {args.baseline_python}: no such interpreter")
+    if args.baseline is not None and not args.allow_python_fallbacks:
+        why = native_modules.refusal(args.baseline, args.baseline_python)
+        if why is not None:
+            parser.error(f"--baseline {why}")
     args.prompt_tokens = list(dict.fromkeys(args.prompt_tokens))
     args.front_processes = list(dict.fromkeys(args.front_processes))
     return args
