@@ -17,9 +17,9 @@ test sets them, the router's GC settings), sends ``--warmup`` ``/generate`` bodi
 Figures are CPU microseconds per request of the whole process (``time.process_time_ns``: a tokenizer thread pool
 counts too). ``--baseline DIR`` measures the checkout DIR's code (e.g. ``git worktree add DIR <commit>``) on the
 same texts, in its own interpreters, the two alternating (which goes first flips every repeat); a checkout whose C
-extensions do not import is refused unless ``--allow-python-fallbacks`` (``sgl_moe.harness.native_modules``). The minimum over
-repeats is reported with every repeat's figure: on a shared VM a run is only ever slowed down, not sped up. This
-is the path ``router_capacity`` measures inside the live router; its HTTP, event-loop, placement and forwarding
+extensions do not import is refused unless ``--allow-python-fallbacks`` (``sgl_moe.harness.native_modules``). The
+minimum over repeats is reported with every repeat's figure: on a shared VM a run is only ever slowed down, not sped
+up. This is the path ``router_capacity`` measures inside the live router; its HTTP, event-loop, placement and forwarding
 costs are not here.
 
 ``--instructions`` counts instead of timing: each interpreter runs under valgrind's callgrind, instrumented only
