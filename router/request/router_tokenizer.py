@@ -38,6 +38,13 @@ from sgl_moe.router.request.prefix_memo import MemoPath, PrefixMemo
 from sgl_moe.router.request.token_cuts import CutRule
 from sgl_moe.wire import TOKENIZER_FILE_NAMES, is_tokenizer_file_name
 
+try:
+    from sgl_moe.router.request.native_bpe import Bpe
+except ImportError:  # no C compiler at install: the library's model encodes new pieces
+    Bpe = None
+NATIVE_BPE = Bpe is not None
+"""Whether new word pieces of a tokenizer without a pre-tokenizer can be encoded by the C BPE (``bpe_encoder``)."""
+
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
@@ -399,6 +406,17 @@ def piece_encoder(backend: Any, encode_plain: EncodeBatch) -> EncodeBatch | None
             normalize = replace
     pre_tokenize = backend.pre_tokenizer.pre_tokenize_str if backend.pre_tokenizer is not None else None
     tokenize = model.tokenize
+    bpe = None
+    if pre_tokenize is None and (normalize is None or replaced and normalize is replace):
+        bpe = bpe_encoder(backend, replaced if normalize is not None else [])
+
+    def encode_native(pieces: list[str]) -> list[list[int]]:
+        out = bpe.encode(pieces)
+        if None in out:  # a piece of more symbols than the C loop takes
+            for i, ids in enumerate(out):
+                if ids is None:
+                    out[i] = [t.id for t in tokenize(normalize(pieces[i]) if normalize is not None else pieces[i])]
+        return out
 
     def encode(pieces: list[str]) -> list[list[int]]:
         if pre_tokenize is None:  # sentencepiece models as transformers converts them: the model sees the piece
@@ -412,10 +430,46 @@ def piece_encoder(backend: Any, encode_plain: EncodeBatch) -> EncodeBatch | None
         return out
 
     probes = [p for p in PIECE_PROBES if not any(t.content and t.content in p for t in added)]
-    if encode(probes) != encode_plain(probes):
+    expected = encode_plain(probes)
+    if encode(probes) != expected:
         log.warning("piece encoder off: the tokenizer's model gives other ids than its encode for a probe piece")
         return None
+    if bpe is not None:
+        if encode_native(probes) == expected:
+            return encode_native
+        log.warning("native BPE off: its ids differ from the tokenizer's for a probe piece (the library encodes "
+                    "new pieces)")
     return encode
+
+
+def bpe_encoder(backend: Any, replacements: list[tuple[str, str]]) -> Any:
+    """``native_bpe.Bpe`` for ``backend``'s model (``replacements``: the normalizer's, as ``char_replacements``
+    reads them), or None where it could differ from the library's: not BPE, dropout, a subword prefix or suffix,
+    ``ignore_merges``, an unknown token outside the vocabulary, a merge that is not two vocabulary tokens whose
+    concatenation is one, or the extension not built."""
+    if Bpe is None:
+        return None
+    spec = json.loads(backend.to_str()).get("model") or {}
+    vocab = spec.get("vocab")
+    if spec.get("type") != "BPE" or not isinstance(vocab, dict) or spec.get("dropout") \
+            or spec.get("continuing_subword_prefix") or spec.get("end_of_word_suffix") or spec.get("ignore_merges"):
+        return None
+    unk = spec.get("unk_token")
+    if unk is not None and unk not in vocab:
+        return None
+    merges = []
+    for merge in spec.get("merges") or []:
+        pair = merge.split(" ") if isinstance(merge, str) else merge
+        if len(pair) != 2 or pair[0] not in vocab or pair[1] not in vocab or pair[0] + pair[1] not in vocab:
+            return None
+        merges.append((vocab[pair[0]], vocab[pair[1]], vocab[pair[0] + pair[1]]))
+    byte_ids = [vocab.get(f"<0x{b:02X}>", -1) for b in range(256)] if spec.get("byte_fallback") else None
+    try:
+        return Bpe({ord(t): i for t, i in vocab.items() if len(t) == 1}, byte_ids,
+                   vocab[unk] if unk is not None else -1, bool(spec.get("fuse_unk")), merges,
+                   [(ord(a), ord(b)) for a, b in replacements])
+    except (TypeError, ValueError, OverflowError):
+        return None
 
 
 def char_replacements(backend: Any) -> list[tuple[str, str]] | None:
