@@ -70,6 +70,7 @@ import shutil
 import signal
 import sys
 import time
+from collections.abc import Coroutine
 from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
@@ -694,11 +695,28 @@ def router_specs(args) -> list[RouterSpec]:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    signal.signal(signal.SIGTERM, _stop)
     try:
         return _main(args, argv)
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
+
+
+def _stop(signum: int, frame: object) -> None:
+    """SIGTERM as Ctrl-C: the router under test and the stand-ins are stopped on the way out (a terminated run left
+    its router serving)."""
+    raise KeyboardInterrupt
+
+
+async def _until_sigterm(coro: Coroutine) -> object:
+    """``coro``, cancelled on SIGTERM (its ``finally`` blocks stop the router under test), then KeyboardInterrupt."""
+    task = asyncio.current_task()
+    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, task.cancel)
+    try:
+        return await coro
+    except asyncio.CancelledError:
+        raise KeyboardInterrupt from None
 
 
 def _main(args: argparse.Namespace, argv: list[str] | None) -> int:
@@ -726,7 +744,7 @@ def _main(args: argparse.Namespace, argv: list[str] | None) -> int:
               f"{len(specs)} routers x {len(streams)} streams x {args.repeats} "
               f"repeats, {args.warmup} + {args.requests} requests each at concurrency {args.concurrency}",
               file=sys.stderr, flush=True)
-        result = asyncio.run(run_all(args, specs, streams, stand_ins))
+        result = asyncio.run(_until_sigterm(run_all(args, specs, streams, stand_ins)))
     except BenchError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
