@@ -1,7 +1,7 @@
 /* ``Bpe`` in C: the ids of new word pieces from a sentencepiece-style BPE model (no pre-tokenizer), without the
    tokenizers library's call, its ``Token`` objects and their offsets.
 
-   ``router_tokenizer.native_bpe_encoder`` builds it from a tokenizer's ``tokenizer.json`` and uses it only after
+   ``router_tokenizer.bpe_encoder`` builds it from a tokenizer's ``tokenizer.json`` and uses it only after
    its ids agree with the library's on the probe pieces; its tests (``tests/router/test_native_bpe.py``) compare
    the two on random and adversarial pieces. What it does is what the library's ``BPE`` model does for one word
    (``tokenizers/src/models/bpe``: ``merge_word`` then ``Word::merge_all``, without dropout):

@@ -399,7 +399,8 @@ def piece_encoder(backend: Any, encode_plain: EncodeBatch) -> EncodeBatch | None
     if any(token.normalized for token in added):
         return None
     normalize = backend.normalizer.normalize_str if backend.normalizer is not None else None
-    replaced = char_replacements(backend)
+    spec = json.loads(backend.to_str())  # read once: a 150k vocabulary's JSON takes about 0.5 s to parse
+    replaced = char_replacements(spec.get("normalizer"))
     if replaced:  # the same characters replaced without the library's call (a seventh of its cost per piece)
         replace = _replacing(replaced)
         if all(replace(p) == normalize(p) for p in PIECE_PROBES):
@@ -408,7 +409,7 @@ def piece_encoder(backend: Any, encode_plain: EncodeBatch) -> EncodeBatch | None
     tokenize = model.tokenize
     bpe = None
     if pre_tokenize is None and (normalize is None or replaced and normalize is replace):
-        bpe = bpe_encoder(backend, replaced if normalize is not None else [])
+        bpe = bpe_encoder(spec.get("model") or {}, replaced if normalize is not None else [])
 
     def encode_native(pieces: list[str]) -> list[list[int]]:
         out = bpe.encode(pieces)
@@ -442,14 +443,13 @@ def piece_encoder(backend: Any, encode_plain: EncodeBatch) -> EncodeBatch | None
     return encode
 
 
-def bpe_encoder(backend: Any, replacements: list[tuple[str, str]]) -> Any:
-    """``native_bpe.Bpe`` for ``backend``'s model (``replacements``: the normalizer's, as ``char_replacements``
-    reads them), or None where it could differ from the library's: not BPE, dropout, a subword prefix or suffix,
-    ``ignore_merges``, an unknown token outside the vocabulary, a merge that is not two vocabulary tokens whose
-    concatenation is one, or the extension not built."""
+def bpe_encoder(spec: dict[str, Any], replacements: list[tuple[str, str]]) -> Any:
+    """``native_bpe.Bpe`` for the model ``spec`` (``tokenizer.json``'s ``"model"``; ``replacements``: the
+    normalizer's, as ``char_replacements`` reads them), or None where it could differ from the library's: not BPE,
+    dropout, a subword prefix or suffix, ``ignore_merges``, an unknown token outside the vocabulary, a merge that is
+    not two vocabulary tokens whose concatenation is one, or the extension not built."""
     if Bpe is None:
         return None
-    spec = json.loads(backend.to_str()).get("model") or {}
     vocab = spec.get("vocab")
     if spec.get("type") != "BPE" or not isinstance(vocab, dict) or spec.get("dropout") \
             or spec.get("continuing_subword_prefix") or spec.get("end_of_word_suffix") or spec.get("ignore_merges"):
@@ -472,11 +472,11 @@ def bpe_encoder(backend: Any, replacements: list[tuple[str, str]]) -> Any:
         return None
 
 
-def char_replacements(backend: Any) -> list[tuple[str, str]] | None:
-    """(pattern, content) of a normalizer that only replaces single characters by single characters (one
-    ``Replace`` of a one-character string, or a ``Sequence`` of them), where no content is another replacement's
-    pattern (so replacing them in order and all at once agree); None for any other normalizer or none."""
-    spec = json.loads(backend.to_str()).get("normalizer")
+def char_replacements(spec: dict[str, Any] | None) -> list[tuple[str, str]] | None:
+    """(pattern, content) of a normalizer (``spec``: ``tokenizer.json``'s ``"normalizer"``) that only replaces single
+    characters by single characters (one ``Replace`` of a one-character string, or a ``Sequence`` of them), where no
+    content is another replacement's pattern (so replacing them in order and all at once agree); None for any other
+    normalizer or none."""
     if not spec:
         return None
     steps = spec.get("normalizers") if spec.get("type") == "Sequence" else [spec]
