@@ -229,24 +229,41 @@ static int pieces_push(Pieces *v, Py_ssize_t start, Py_ssize_t end, Py_ssize_t s
     return 0;
 }
 
-/* The pieces of the UTF-8 text s[0:n], each found in the table or not. */
+/* The pieces of the UTF-8 text s[0:n], each found in the table or not. They are split and hashed
+   ``PREFETCH_PIECES`` at a time, each one's home slot prefetched, then looked up: a text's pieces land on random
+   slots of a table of megabytes, and a lookup made right after its hash waits for that slot's cache line (a
+   4,000-token text: 92 us with the table in cache, 240-320 us after other processes evicted it, one lookup at a
+   time on the 2-core VM). Blocks bound what is prefetched to what the lookups use before it is evicted again. */
+#define PREFETCH_PIECES 32
+
 static int split_and_find(PieceTable *t, const char *s, Py_ssize_t n, Pieces *v) {
     v->len = v->missing = v->total = 0;
+    uint64_t hashes[PREFETCH_PIECES];
     Py_ssize_t i = 0;
     while (i < n) {
-        Py_ssize_t start = i;
-        while (i < n && s[i] == ' ')
-            i++;
-        while (i < n && s[i] != ' ')
-            i++;
-        size_t len = (size_t)(i - start);
-        const Slot *slot = find(t, s + start, len, hash_bytes(s + start, len, t->seed));
-        if (pieces_push(v, start, i, slot ? slot - t->slots : -1) < 0)
-            return -1;
-        if (slot)
-            v->total += slot->ids_len;
-        else
-            v->missing++;
+        size_t first = v->len;
+        int k = 0;
+        for (; k < PREFETCH_PIECES && i < n; k++) {
+            Py_ssize_t start = i;
+            while (i < n && s[i] == ' ')
+                i++;
+            while (i < n && s[i] != ' ')
+                i++;
+            hashes[k] = hash_bytes(s + start, (size_t)(i - start), t->seed);
+            __builtin_prefetch(&t->slots[(size_t)hashes[k] & t->mask]);
+            if (pieces_push(v, start, i, -1) < 0)
+                return -1;
+        }
+        for (int j = 0; j < k; j++) {
+            Piece *p = &v->items[first + (size_t)j];
+            const Slot *slot = find(t, s + p->start, (size_t)(p->end - p->start), hashes[j]);
+            if (slot) {
+                p->slot = slot - t->slots;
+                v->total += slot->ids_len;
+            } else {
+                v->missing++;
+            }
+        }
     }
     return 0;
 }
