@@ -87,6 +87,7 @@ def test_sglangs_own_batches_take_the_typed_path():
     [b"kv", b"\x00" * 4, b"\x90"],
     [b"kv", b"\x00" * 8, b"\xc1"],
     [b"kv", b"\x00" * 8, msgspec.msgpack.encode([1.0])],
+    [b"kv", b"\x00" * 8, msgspec.msgpack.encode([1.0, []])[:-1] + b"\x91\x81\xa4type\xa2\xff\xfe"],  # not UTF-8
 ])
 def test_malformed_messages_raise_a_decode_error(frames):
     with pytest.raises(KVEventDecodeError):
