@@ -28,6 +28,7 @@
 #include <Python.h>
 #include <stdint.h>
 #include <string.h>
+#include <sys/mman.h>
 
 #define MAX_PROBE 128
 #define MAX_CACHED_ID (1u << 22) /* ids below this share one int object each (a vocabulary is smaller) */
@@ -70,8 +71,18 @@ static inline const uint32_t *slot_ids(const PieceTable *t, const Slot *s) {
     return s->ids_len <= INLINE_IDS ? s->ids : t->ids + s->ids_at;
 }
 
+/* Slots from 2 MB on are aligned to 2 MB and advised to the kernel as wanting huge pages (``MADV_HUGEPAGE``,
+   honoured where transparent huge pages are ``madvise`` or ``always``): a lookup lands anywhere in the slots, and
+   with 4 kB pages nearly every cold lookup also missed the TLB. */
+#define HUGE_PAGE ((size_t)2 << 20)
+
 static Slot *new_slots(size_t n) { /* zeroed, aligned to cache lines */
-    Slot *slots = aligned_alloc(64, n * sizeof(Slot));
+    size_t bytes = n * sizeof(Slot);
+    Slot *slots = aligned_alloc(bytes >= HUGE_PAGE ? HUGE_PAGE : 64, bytes); /* (n a power of two) */
+#ifdef MADV_HUGEPAGE
+    if (slots != NULL && bytes >= HUGE_PAGE)
+        madvise(slots, bytes, MADV_HUGEPAGE);
+#endif
     if (slots == NULL)
         PyErr_NoMemory();
     else

@@ -229,6 +229,19 @@ def test_piece_table_keeps_what_it_can_hold_and_drops_the_older_half_when_full()
 
 
 @needs_native
+def test_piece_table_finds_tens_of_thousands_of_pieces_through_growths_and_rebuilds():
+    """Past 16,384 pieces the slots take 2 MB or more, allocated on their own and advised to take huge pages: the
+    pieces kept are found with their ids through growths and rebuilds that drop the older half."""
+    table = word_pieces.native_word_pieces.PieceTable(60_000, 16)
+    for start in range(0, 100_000, 10_000):
+        table.keep({f" p{i}": [i, i + 1] for i in range(start, start + 10_000)})
+        assert len(table) <= 60_000
+    text = "".join(f" p{i}" for i in range(95_000, 100_000))
+    assert table.lookup(text) == ([x for i in range(95_000, 100_000) for x in (i, i + 1)], [], 5_000)
+    assert table.lookup(" p0")[1] == [" p0"]
+
+
+@needs_native
 def test_piece_table_seeds_its_hash_per_table():
     """Two tables given the same pieces in the same order lay them out differently (the seed), and both find
     all of them: text chosen to collide in one table does not collide in the next one the router makes."""
