@@ -1,10 +1,13 @@
-"""KV-event decode time: the router's typed decoder against its generic fallback, on SGLang's own encoding.
+"""KV-event decode time: the router's C reader, its typed msgspec decoder and its generic fallback, on SGLang's own
+encoding.
 
     .venv/bin/python benchmarks/event_decode.py [--batches 500] [--repeats 5]
 
 Each shape is a batch as an SGLang worker publishes it (``sglang.srt.disaggregation.kv_events``' own classes and
 msgpack encoder): pages removed, then pages stored with their token ids (16 per page). Both paths decode the same
-batches in this one process, alternately, best of ``--repeats``; both give the same events (checked).
+batches in this one process, alternately, best of ``--repeats``; all give the same events (checked). The C reader
+(``native_kv_payload``, what ``decode_frames`` tries first since 2026-11-30; timed through ``decode_payload``, with
+the events it builds) is left out where it was not built.
 """
 
 from __future__ import annotations
@@ -53,16 +56,22 @@ def main() -> None:
     rng = random.Random(0)
     typed = kv_events._typed.decode
     generic = kv_events._decode_generic
-    print("| pages stored / removed | payload bytes | typed, µs/batch | generic, µs/batch | generic / typed |")
-    print("|---|---:|---:|---:|---:|")
+    native = kv_events._native_decode
+    print("| pages stored / removed | payload bytes | C reader, µs/batch | typed, µs/batch | generic, µs/batch | "
+          "C / typed | generic / typed |")
+    print("|---|---:|---:|---:|---:|---:|---:|")
     for stored, removed in SHAPES:
         payloads = [_batch(rng, stored, removed) for _ in range(args.batches)]
         assert typed(payloads[0]).events == generic(payloads[0])[1]  # the same events either way
-        t_typed = t_generic = float("inf")
-        for _ in range(2):  # alternately, so that neither always runs first
+        assert native is None or kv_events.decode_payload(payloads[0])[1] == generic(payloads[0])[1]
+        t_native = t_typed = t_generic = float("inf")
+        for _ in range(2):  # alternately, so that none always runs first
+            if native is not None:
+                t_native = min(t_native, _best_us(kv_events.decode_payload, payloads, args.repeats))
             t_typed = min(t_typed, _best_us(typed, payloads, args.repeats))
             t_generic = min(t_generic, _best_us(generic, payloads, args.repeats))
-        print(f"| {stored} / {removed} | {len(payloads[0]):,} | {t_typed:.2f} | {t_generic:.2f} | "
+        c = ("—", "—") if native is None else (f"{t_native:.2f}", f"{t_native / t_typed:.2f}x")
+        print(f"| {stored} / {removed} | {len(payloads[0]):,} | {c[0]} | {t_typed:.2f} | {t_generic:.2f} | {c[1]} | "
               f"{t_generic / t_typed:.2f}x |")
 
 
