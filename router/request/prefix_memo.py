@@ -161,21 +161,7 @@ class PrefixMemo:
 
     def _next_cut(self, text: str, c: int) -> int | None:
         """The first allowed cut at ``c`` or after, within ``segment_chars`` (None: none there)."""
-        rule, n = self.rule, len(text)
-        stop = min(n, c + self.segment_chars)
-        while c < stop:
-            if rule.family == "regex-pieces":  # only just after a newline
-                c = text.find("\n", c - 1, stop - 1) + 1
-                if c == 0:
-                    return None
-            elif rule.space_before_cut:  # only just before a space
-                c = text.find(" ", c, stop)
-                if c == -1:
-                    return None
-            if rule.allows(text, c):
-                return c
-            c += 1
-        return None
+        return self.rule.next_cut(text, c, min(len(text), c + self.segment_chars))
 
     def encode_batch(self, texts: list[str]) -> tuple[list[list[int]], list[MemoPath]]:
         """The ids of each text (special tokens added) and the memo path each one's ids came through."""

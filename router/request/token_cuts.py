@@ -29,10 +29,18 @@ whole and turns itself off on any difference.
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 from dataclasses import dataclass
 from typing import Any
+
+try:
+    from sgl_moe.router.request.native_cut_scan import CutScan
+except ImportError:  # no C compiler at install
+    CutScan = None
+NATIVE = CutScan is not None
+"""Whether ``CutRule.next_cut`` scans in C (``native_cut_scan``) or runs its Python reference."""
 
 GPT2_PATTERN = r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
 """The regex ``ByteLevel(use_regex=True)`` splits with (tokenizers' own)."""
@@ -164,6 +172,46 @@ class CutRule:
             if self.alphabet is not None and (before not in self.alphabet or after not in self.alphabet):
                 return False
         return not self._added_token_covers(text, c)
+
+    def next_cut(self, text: str, c: int, stop: int) -> int | None:
+        """The first ``p`` in ``[c, stop)`` with ``allows(text, p)``, or None (``1 <= c``, ``stop <= len(text)``)."""
+        scan = self._scan
+        if scan is None:
+            return self.next_cut_py(text, c, stop)
+        while True:
+            p = scan.next(text, c, stop)
+            if p is None or p > 0:
+                return p
+            p = -p  # allowed but for the added tokens, which may hold a character at the cut
+            if not self._added_token_covers(text, p):
+                return p
+            c = p + 1
+
+    def next_cut_py(self, text: str, c: int, stop: int) -> int | None:
+        """``next_cut`` in Python: the reference of ``native_cut_scan`` (and where it was not built)."""
+        while c < stop:
+            if self.family == "regex-pieces":  # only just after a newline
+                c = text.find("\n", c - 1, stop - 1) + 1
+                if c == 0:
+                    return None
+            elif self.space_before_cut:  # only just before a space
+                c = text.find(" ", c, stop)
+                if c == -1:
+                    return None
+            if self.allows(text, c):
+                return c
+            c += 1
+        return None
+
+    @functools.cached_property
+    def _scan(self) -> Any:
+        """The rule's data in a ``native_cut_scan.CutScan`` (None: not built, or a character map it cannot hold)."""
+        if CutScan is None or any(len(k) != 1 or len(v) != 1 for k, v in self.char_map.items()):
+            return None
+        return CutScan(self.family == "regex-pieces", self.space_before_cut, self.ascii_at_cut,
+                       self.space_before_newline, self.char_map, list(self.pair_chars or ()),
+                       None if self.alphabet is None else list(self.alphabet), list(self.added_by_char),
+                       self.lowercase_added)
 
     def _added_token_covers(self, text: str, c: int) -> bool:
         """An added token's occurrence holds ``text[c-1]`` or ``text[c]``."""

@@ -9,6 +9,7 @@ Properties, checked with seeded random and adversarial texts:
 - a memo whose rule is wrong is caught by the sampled whole encode and turns itself off.
 """
 
+import dataclasses
 import json
 import random
 import shutil
@@ -16,6 +17,7 @@ import threading
 
 import pytest
 
+from sgl_moe.router.request import token_cuts
 from sgl_moe.router.request.block_hash import block_hashes, salt_seed
 from sgl_moe.router.request.prefix_memo import PrefixMemo, page_hashes
 from sgl_moe.router.request.router_tokenizer import RouterTokenizer
@@ -99,6 +101,37 @@ def test_an_allowed_cut_splits_the_ids(name, tokenizers):
             assert pairs[2 * i] + pairs[2 * i + 1] == whole, (name, text, c)
         checked += len(cuts)
     assert checked > 100, f"{name}: the rule allowed only {checked} cuts"
+
+
+@pytest.mark.parametrize("name", TOKENIZERS)
+def test_the_next_cut_scan_in_c_equals_its_python_reference(name, tokenizers):
+    """``CutRule.next_cut`` (``native_cut_scan``) finds the cut ``next_cut_py`` finds from every place, for every
+    fixture rule and variants of it with each flag the scan reads turned (ASCII at the cut, lowercase added tokens,
+    no whitespace before a newline, a space before each cut)."""
+    tok = tokenizers(name)
+    if tok.memo is None:
+        pytest.skip(f"{name}: no memo ({tok.memo_off_reason})")
+    base, rng = tok.memo.rule, random.Random(name + "scan")
+    rules = [base, dataclasses.replace(base, ascii_at_cut=not base.ascii_at_cut),
+             dataclasses.replace(base, lowercase_added=not base.lowercase_added),
+             dataclasses.replace(base, space_before_newline=not base.space_before_newline),
+             dataclasses.replace(base, space_before_cut=not base.space_before_cut)]
+    texts = [*PROBES, *chat_texts(tok)] + [random_text(rng, rng.randint(5, 60)) for _ in range(60)] + [
+        "\n".join(random_text(rng, 4) for _ in range(8)) for _ in range(30)] + [
+        "".join(rng.choice(ATOMS).upper() if rng.random() < 0.3 else rng.choice(ATOMS) for _ in range(40))
+        for _ in range(30)]
+    compared = found = 0
+    for rule in rules:
+        assert (rule._scan is not None) == token_cuts.NATIVE
+        for text in texts:
+            n = len(text)
+            for c in range(1, n):
+                for stop in (min(n, c + 1), min(n, c + 7), n):
+                    got = rule.next_cut(text, c, stop)
+                    assert got == rule.next_cut_py(text, c, stop), (name, rule.family, text, c, stop)
+                    compared += 1
+                    found += got is not None
+    assert found > 1000 and compared - found > 1000, (found, compared)
 
 
 @pytest.mark.parametrize("name", TOKENIZERS)
