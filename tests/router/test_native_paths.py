@@ -13,7 +13,7 @@ import shutil
 import pytest
 
 from sgl_moe.router.placement import block_tables
-from sgl_moe.router.request import block_hash, word_pieces
+from sgl_moe.router.request import block_hash, token_cuts, word_pieces
 
 try:
     from sgl_moe.router.request import native_page_hash
@@ -27,7 +27,7 @@ needs_native = pytest.mark.skipif(not (block_hash.NATIVE and word_pieces.NATIVE 
 
 @pytest.mark.skipif(not HAVE_CC, reason="no C compiler on PATH: the Python references run, as they should")
 def test_the_extensions_were_built_where_a_compiler_is():
-    assert block_hash.NATIVE and word_pieces.NATIVE and block_tables.NATIVE, (
+    assert block_hash.NATIVE and word_pieces.NATIVE and block_tables.NATIVE and token_cuts.NATIVE, (
         "a C compiler is on PATH but the install did not build the router's C extensions; rebuild with "
         "`bash tools/bootstrap.sh` (pip install -e . builds them) and read its build output")
 
