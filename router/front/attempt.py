@@ -45,12 +45,16 @@ class Attempt:
 
     @classmethod
     def of(cls, endpoint: str, body: dict[str, Any], client_headers: Mapping[str, str],
-           pass_authorization: bool) -> Attempt:
+           pass_authorization: bool, input_ids_json: bytes | None = None) -> Attempt:
         """The attempt for a parsed ``body`` (its ``rid`` set in place when the router makes one).
         ``pass_authorization``: the router has no keys of its own, so the client's ``authorization`` goes on to
-        the workers (which check it, if anyone does)."""
+        the workers (which check it, if anyone does). ``input_ids_json``: the JSON text of ``body["input_ids"]``,
+        already written (``ParsedRequest.input_ids_json``)."""
         client_rid = body.pop("rid", None) if endpoint in RID_ENDPOINTS else None
-        data = unnamed = orjson.dumps(body)
+        if input_ids_json is not None:
+            data = unnamed = orjson.dumps({**body, "input_ids": orjson.Fragment(input_ids_json)})
+        else:
+            data = unnamed = orjson.dumps(body)
         abort_rid = None
         if endpoint in RID_ENDPOINTS:
             if client_rid is None and single_prompt(endpoint, body):

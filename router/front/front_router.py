@@ -223,7 +223,8 @@ class FrontRouter:
                 raise Handoff
             await self.order.wait_turn(ticket)
             attempt = Attempt.of(endpoint, parsed.body, request.headers,
-                                 pass_authorization=self.cfg.api_key is None and self.cfg.admin_api_key is None)
+                                 pass_authorization=self.cfg.api_key is None and self.cfg.admin_api_key is None,
+                                 input_ids_json=parsed.input_ids_json())
             keys = prompt_keys(parsed, model.page_size)
             placing = self.client.place(rid, [len(p) for p in parsed.prompts], keys, parsed.shared_prefix_len,
                                         parsed.max_new_tokens, attempt.fingerprint)

@@ -263,7 +263,8 @@ class Router:
             raise Handoff
         await self.order.wait_turn(ticket)
         attempt = Attempt.of(endpoint, parsed.body, request.headers,
-                             pass_authorization=self.cfg.api_key is None and self.cfg.admin_api_key is None)
+                             pass_authorization=self.cfg.api_key is None and self.cfg.admin_api_key is None,
+                             input_ids_json=parsed.input_ids_json())
         refusal = self.refuse_suspect(rid, attempt)
         if refusal is not None:
             return refusal

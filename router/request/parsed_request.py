@@ -8,12 +8,9 @@ extra key, so only requests with none of them share plain block hashes.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from sgl_moe.router.errors import RequestError
-
-if TYPE_CHECKING:
-    from sgl_moe.router.request.prefix_memo import MemoPath
+from sgl_moe.router.request.prefix_memo import MemoPath, ids_json
 
 
 @dataclass(frozen=True)
@@ -51,6 +48,14 @@ class ParsedRequest:
     memo_paths: list[MemoPath] | None = None
     """For prompts encoded from text: the prefix-memo path of each (``PrefixMemo.page_hashes`` reuses the page
     hashes its nodes hold); None otherwise."""
+
+    def input_ids_json(self) -> bytes | None:
+        """The JSON text of ``body["input_ids"]`` when it is the one prompt the memo encoded (``prefix_memo.ids_json``:
+        a shared prefix's part written once), else None."""
+        paths = self.memo_paths
+        if not paths or len(paths) != 1 or not paths[0] or self.body.get("input_ids") is not self.prompts[0]:
+            return None
+        return ids_json(paths[0], self.prompts[0])
 
 
 def common_prefix_len(prompts: list[list[int]]) -> int:

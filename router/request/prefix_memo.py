@@ -44,6 +44,8 @@ from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+import orjson
+
 from sgl_moe.router.request.block_hash import BlockHash, block_hash_chain
 from sgl_moe.router.request.token_cuts import CutRule
 
@@ -106,6 +108,9 @@ class MemoNode:
     through: dict[tuple[int, bytes | None], tuple[list[BlockHash], bytes | None]] | None = None
     """While ``hint_refs``: (page size, seed) -> hashes of every page that ends in this node or before it, from
     the text's start, and the chain's digest after them."""
+    through_json: bytes | None = None
+    """While ``hint_refs``: the JSON text of the ids through this node's end (``[`` and the ids, no closing
+    bracket), written the second time ``ids_json`` asks for it (``b""``: asked once)."""
 
 
 MemoPath = tuple[MemoNode, ...]
@@ -286,7 +291,7 @@ class PrefixMemo:
         deepest = hint.path[-1]
         deepest.hint_refs -= 1
         if not deepest.hint_refs:
-            deepest.through = None
+            deepest.through = deepest.through_json = None
 
     def _seen_cuts(self, node: MemoNode, text: str, start: int, remember: int) -> list[int]:
         """The checkpoints after ``node`` to memoise now: those ending segments already seen once after the same
@@ -457,6 +462,29 @@ class _Hint:
 
 def _first_difference(a: list[int], b: list[int]) -> int:
     return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+
+
+def ids_json(path: MemoPath, ids: list[int]) -> bytes:
+    """``orjson.dumps(ids)`` for ``ids`` that came with ``path`` from ``PrefixMemo.encode_batch``: the ids through a
+    hint's deepest node on the path (a popular prefix: most of a shared prompt) are written once per hint, the
+    second time a text passes there, and kept; only the rest is written per request. Every text whose path passes a
+    node has the same ids through its end (the special tokens in front, then the nodes' ids), so the kept text is
+    theirs too."""
+    for k in range(len(path) - 1, -1, -1):  # the deepest node a hint ends at (a hinted text's: near the end)
+        node = path[k]
+        if not node.hint_refs:
+            continue
+        head = node.through_json
+        if head is None:  # first asked: marked only (a text's own new path end often is never passed again)
+            node.through_json = b""
+            continue
+        if not head:
+            head = orjson.dumps(ids[:node.end])[:-1]
+            node.through_json = head  # (a hint dropped meanwhile leaves it set: still these ids, freed with the node)
+        if len(ids) == node.end:
+            return head + b"]"
+        return head + b"," + orjson.dumps(ids[node.end:])[1:]
+    return orjson.dumps(ids)
 
 
 def page_hashes(path: MemoPath, ids: Sequence[int], page_size: int, seed: bytes | None) -> list[BlockHash]:

@@ -15,11 +15,14 @@ import random
 import shutil
 import threading
 
+import orjson
 import pytest
 
+from sgl_moe.router.front.attempt import Attempt
 from sgl_moe.router.request import token_cuts
 from sgl_moe.router.request.block_hash import block_hashes, salt_seed
-from sgl_moe.router.request.prefix_memo import PrefixMemo, page_hashes
+from sgl_moe.router.request.parsed_request import Namespace, ParsedRequest
+from sgl_moe.router.request.prefix_memo import PrefixMemo, ids_json, page_hashes
 from sgl_moe.router.request.router_tokenizer import RouterTokenizer
 from sgl_moe.router.request.token_cuts import CutRule
 from sgl_moe.worker.info import tokenizer_files
@@ -416,3 +419,49 @@ def test_a_hints_deepest_node_keeps_the_paths_page_hashes_while_the_hint_lives(t
     assert page_hashes(paths[0], ids[0], 16, None)[:len(kept)] == kept
     memo._drop_hint(memo._hints[prefix[:32]].pop())
     assert deepest.hint_refs == 0 and deepest.through is None
+
+
+@pytest.mark.parametrize("name", TOKENIZERS)
+def test_ids_json_writes_the_ids_as_orjson_does(name, tokenizers):
+    """``ids_json`` (the worker-bound ``input_ids``) equals ``orjson.dumps`` of the memo's ids for texts that share
+    prefixes of random length, through hints and not, special tokens and all; a request's body written with it is
+    the body ``orjson`` writes."""
+    tok = tokenizers(name)
+    if tok.memo is None:
+        pytest.skip(f"{name}: no memo ({tok.memo_off_reason})")
+    memo, rng = fresh(tok, segment_chars=24), random.Random(name + "json")
+    prefixes = ["\n".join(random_text(rng, rng.randint(2, 8)) for _ in range(rng.randint(3, 12))) + "\n"
+                for _ in range(4)]  # lines: where regex pieces are cut
+    reused = 0
+    for _ in range(120):
+        prefix = rng.choice(prefixes)  # whole (a shared prompt's instructions) or cut anywhere
+        text = (prefix if rng.random() < 0.7 else prefix[:rng.randint(0, len(prefix))]) + random_text(rng, rng.randint(
+            0, 6))
+        if not text:
+            continue
+        [ids], [path] = memo.encode_batch([text])
+        reused += any(n.through_json for n in path)
+        assert ids_json(path, ids) == orjson.dumps(ids), (name, text)
+        body = {"input_ids": ids, "sampling_params": {"max_new_tokens": 1}, "rid": "r"}
+        parsed = ParsedRequest("/generate", body, [ids], len(ids), Namespace(), True, False, 1, None, True, [path])
+        want = orjson.dumps({k: v for k, v in body.items() if k != "rid"})
+        assert Attempt.of("/generate", dict(body), {}, True, parsed.input_ids_json()).unnamed == want
+    assert reused > 20, reused
+
+
+def test_a_hints_ids_json_is_reused_and_goes_with_the_hint(tokenizers):
+    tok = tokenizers("shipped")
+    memo = fresh(tok, segment_chars=32)
+    prefix = random_text(random.Random(14), 200)
+    for k in range(12):
+        ids, paths = memo.encode_batch([prefix + f" tail number {k}"])
+        ids_json(paths[0], ids[0])
+    [hint] = memo._hints[prefix[:32]]
+    deepest = hint.path[-1]
+    assert deepest.through_json == orjson.dumps(hint.ids)[:-1]
+    deepest.through_json = b"[7"  # what a hinted text's JSON starts from: a wrong text would show
+    ids, paths = memo.encode_batch([prefix + " tail number 99"])
+    assert ids_json(paths[0], ids[0]).startswith(b"[7,")
+    memo._drop_hint(memo._hints[prefix[:32]].pop())
+    assert deepest.hint_refs == 0 and deepest.through_json is None
+    assert ids_json(paths[0], ids[0]) == orjson.dumps(ids[0])  # no hint left on the path: written whole
