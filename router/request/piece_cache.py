@@ -56,7 +56,8 @@ class PieceCache:
         """Ids of pieces (texts holding no added token's content), as ``encode_plain`` gives them."""
         self._joined = re.compile(f"[{re.escape(joiners)}] ") if joiners else None
         """Finds a space after a character BPE may merge it with."""
-        self._added = added
+        self._added = by_first_char(added)
+        """The added tokens' contents by their first character (``holds_any``)."""
         self._reach = max([2, *map(len, added)])
         """Characters of the longest pattern ``cuttable`` looks for (a joiner and its space, an added token)."""
         self._ascii_only = ascii_only
@@ -107,7 +108,7 @@ class PieceCache:
             return False
         if self._joined is not None and self._joined.search(text):
             return False
-        return not any(a in text for a in self._added)
+        return not holds_any(text, self._added)
 
     def encode_batch(self, texts: list[str]) -> list[list[int]]:
         """The ids of each text without special tokens, as ``encode_plain`` gives them."""
@@ -170,6 +171,42 @@ class PieceCache:
             self.hits -= len(unknown)
             ids, unknown = found.fill(fresh)
         return ids
+
+
+def by_first_char(contents: list[str]) -> dict[str, tuple[str, ...]]:
+    """``contents`` (non-empty strings) grouped by their first character, for ``holds_any``."""
+    groups: dict[str, list[str]] = {}
+    for content in contents:
+        groups.setdefault(content[0], []).append(content)
+    return {first: tuple(group) for first, group in groups.items()}
+
+
+FIRST_CHAR_TRIES = 8
+"""Occurrences of a first character ``holds_any`` tries one by one before it searches for each content whole."""
+
+
+def holds_any(text: str, by_first: dict[str, tuple[str, ...]]) -> bool:
+    """Whether ``text`` holds one of the strings of ``by_first`` (``by_first_char``): ``any(c in text ...)``.
+
+    Each of ``str.__contains__``'s searches for a short string costs about 0.6 ns a character (31 us for the shipped
+    tokenizer's five added tokens over an 11,500-character text on the 2-core VM), where finding one character is
+    memchr's ~0.03 ns: so find each group's first character, and try the group's strings where it stands. A text
+    where it stands often (markup full of ``<``) is searched for each string whole past ``FIRST_CHAR_TRIES``
+    occurrences, as before."""
+    for first, contents in by_first.items():
+        at = text.find(first)
+        tries = 0
+        while at != -1:
+            if tries == FIRST_CHAR_TRIES:
+                if any(text.find(c, at) != -1 for c in contents):
+                    return True
+                break
+            for c in contents:
+                if text.startswith(c, at):
+                    return True
+            tries += 1
+            at = text.find(first, at + 1)
+    return False
 
 
 _SPACES = re.compile(" +")

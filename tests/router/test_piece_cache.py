@@ -284,3 +284,29 @@ def test_the_piece_encoder_replaces_characters_itself_where_that_is_all_the_norm
             None):
         changed = _with_normalizer(shipped, normalizer)
         assert router_tokenizer.char_replacements(_normalizer(changed)) is None, normalizer
+
+
+def test_holds_any_finds_what_a_search_for_each_string_finds():
+    """``holds_any`` (each group's first character found, its strings tried there; past ``FIRST_CHAR_TRIES`` of them
+    a search for each string) == ``any(c in text ...)``: texts of a few characters, many of them the strings' first
+    characters (markup full of ``<``), the strings' prefixes, the strings whole, at the start, the end and past the
+    tries; strings sharing a first character, one character long, one the prefix of another."""
+    contents = ["<unk>", "<pad>", "</s>", "<s>", "\t", "<|im_start|>", "▁▁", "ab", "abc"]
+    groups = piece_cache.by_first_char(contents)
+    assert sorted(c for g in groups.values() for c in g) == sorted(contents)
+    rng = random.Random("holds-any")
+    atoms = ["<", "</", "<s", "<u", "<un", "<|im_", "s>", ">", "a", "b", "x", " ", "\n", "▁", "é", "😀",
+             *contents]
+    found = 0
+    for _ in range(20_000):
+        k = rng.randint(0, 40)
+        weights = [8 if a in contents else 1 for a in atoms] if rng.random() < 0.1 else [
+            1 if a in contents else 20 if a[0] in groups else 4 for a in atoms]
+        text = "".join(rng.choices(atoms, weights, k=k))
+        expected = any(c in text for c in contents)
+        assert piece_cache.holds_any(text, groups) == expected, repr(text)
+        found += expected
+    assert 2_000 < found < 18_000, found
+    many = "<" * (piece_cache.FIRST_CHAR_TRIES * 3)
+    for tail in ("", "<s>", "x", "\t"):
+        assert piece_cache.holds_any(many + tail, groups) == any(c in many + tail for c in contents)
