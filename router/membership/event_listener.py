@@ -156,11 +156,13 @@ class EventListener:
                 await self._resync(sub, trigger=None)
             backlog = self._backlog
             raw = zmq.Socket.shadow(sub.underlying)
+            fd = raw.getsockopt(zmq.FD)
             while True:
                 if not backlog:
                     ready = _ready_messages(raw)  # what has arrived, read in this turn without a future each
-                    if not ready:
-                        ready = [await sub.recv_multipart(), *_ready_messages(raw)]
+                    while not ready:
+                        await _signalled(fd)
+                        ready = _ready_messages(raw)
                     for frames in ready:
                         self._take(frames)
                 # Up to _CHUNK batches a turn: one a turn fell behind a busy router's requests (each finished request
@@ -380,21 +382,42 @@ def _reaches(run: list[_Received], live: _Received) -> bool:
 
 def _ready_messages(raw: zmq.Socket) -> list[list[bytes]]:
     """The messages a socket can hand over without waiting, at most ``_CHUNK`` of them. ``raw``: a plain
-    (``Socket.shadow``) socket on the asyncio socket's handle, as ``zmq.asyncio`` itself reads a non-blocking
-    receive, without the future it makes for each (6–9 µs a message on the 2-core VM). It asks the socket whether a
-    message is there rather than reading until ``zmq.Again`` (an exception per read batch, ~2 µs: a batch is
-    usually one message), with the flags as plain ints (pyzmq's flag enums cost a Python call per test)."""
+    (``Socket.shadow``) socket on the asyncio socket's handle, read without the future ``zmq.asyncio`` makes for each
+    receive (6–9 µs a message on the 2-core VM). It asks the socket whether a message is there (``EVENTS``, which also
+    has it take in its pending commands, after which its ``zmq.FD`` signals the next change: ``_signalled``) rather
+    than reading until ``zmq.Again`` (6 µs for the exception pyzmq builds), and tells a message's last frame by
+    ``Frame.more`` rather than asking ``RCVMORE``: each ``getsockopt`` costs pyzmq an option enum lookup, ~2 µs."""
     messages = []
     recv, get = raw.recv, raw.getsockopt
     while len(messages) < _CHUNK and get(_EVENTS) & _POLLIN:
         try:
-            parts = [recv(_NOBLOCK)]
+            frame = recv(_NOBLOCK, copy=False)
         except zmq.Again:  # not expected after POLLIN; read again next turn
             break
-        while get(_RCVMORE):
-            parts.append(recv(_NOBLOCK))
+        parts = [frame.bytes]
+        while frame.more:
+            frame = recv(_NOBLOCK, copy=False)
+            parts.append(frame.bytes)
         messages.append(parts)
     return messages
 
 
-_EVENTS, _POLLIN, _NOBLOCK, _RCVMORE = int(zmq.EVENTS), int(zmq.POLLIN), int(zmq.NOBLOCK), int(zmq.RCVMORE)
+async def _signalled(fd: int) -> None:
+    """Until the socket's ``zmq.FD`` is readable: its state changed since a read found nothing (a message may have
+    come; ``_ready_messages`` tells). Watched only while waiting, as ``zmq.asyncio`` watches it for a receive's
+    future, and without that future's machinery (its flag enums cost Python calls on every test)."""
+    loop = asyncio.get_running_loop()
+    woken = loop.create_future()
+    loop.add_reader(fd, _wake, woken)
+    try:
+        await woken
+    finally:
+        loop.remove_reader(fd)
+
+
+def _wake(woken: asyncio.Future) -> None:
+    if not woken.done():
+        woken.set_result(None)
+
+
+_EVENTS, _POLLIN, _NOBLOCK = int(zmq.EVENTS), int(zmq.POLLIN), int(zmq.NOBLOCK)
