@@ -483,7 +483,7 @@ def ids_json(path: MemoPath, ids: list[int]) -> bytes:
             node.through_json = head  # (a hint dropped meanwhile leaves it set: still these ids, freed with the node)
         if len(ids) == node.end:
             return head + b"]"
-        return head + b"," + orjson.dumps(ids[node.end:])[1:]
+        return b"".join((head, b",", memoryview(orjson.dumps(ids[node.end:]))[1:]))  # the head copied once
     return orjson.dumps(ids)
 
 

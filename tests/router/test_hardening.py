@@ -384,6 +384,35 @@ def test_an_attempt_is_known_by_its_body_without_the_rid():
     assert SuspectList.fingerprint("/v1/score", plain) != made.fingerprint
 
 
+def test_an_attempts_bytes_are_the_body_with_its_rid_appended():
+    """``Attempt.of`` writes the body once, the ``rid`` last: the bytes the router sent when it appended the ``rid``
+    to the body already written, for every shape of ``rid`` and body (a client's string or list, none, a batch, an
+    empty body, ids written beforehand)."""
+    def appended(body: dict, rid, ids_json: bytes | None) -> tuple[bytes, bytes]:  # the bytes before 2026-11-30
+        data = orjson.dumps({**body, "input_ids": orjson.Fragment(ids_json)} if ids_json is not None else body)
+        if rid is None:
+            return data, data
+        return data[:-1] + (b',"rid":' if len(data) > 2 else b'"rid":') + orjson.dumps(rid) + b"}", data
+
+    ids = [5, 17, 300000, 2]
+    cases = [({"text": "hi", "sampling_params": {"max_new_tokens": 1}}, None),
+             ({"text": "hi", "rid": "mine"}, None),
+             ({"text": ["a", "b"], "rid": ["r1", "r2"]}, None),
+             ({"text": ["a", "b"]}, None),
+             ({}, None),
+             ({"rid": "only"}, None),
+             ({"input_ids": ids, "sampling_params": {"max_new_tokens": 1}}, orjson.dumps(ids)),
+             ({"input_ids": ids, "rid": 7}, orjson.dumps(ids))]
+    for body, ids_json in cases:
+        made = Attempt.of("/generate", dict(body), {}, pass_authorization=False, input_ids_json=ids_json)
+        rid = body.get("rid", made.abort_rid)
+        want, unnamed = appended({k: v for k, v in body.items() if k != "rid"}, rid, ids_json)
+        assert made.body == want, body
+        assert made.unnamed == unnamed, body
+    score = Attempt.of("/v1/score", {"query": "q", "rid": "kept"}, {}, pass_authorization=False)
+    assert score.body == score.unnamed == orjson.dumps({"query": "q", "rid": "kept"})  # not a rid route
+
+
 # -- slow clients --------------------------------------------------------------------------------------------
 def test_a_slow_request_head_is_cut_off(tmp_path: Path):
     """``python -m sgl_moe.router`` (no workers): a client that sends its request line and headers one byte at a time
