@@ -391,6 +391,7 @@ async def measure(url: str, stream: Stream, concurrency: int, cpu, stand_ins: St
     if counted and n:
         out["instructions"] = counted[0]
         out["instructions_per_request"] = counted[0] / n
+        out["instructions_by_object"] = callgrind.by_object(counter.last_dump)
     return out
 
 
@@ -470,6 +471,11 @@ def pool(runs: list[dict]) -> dict:
         out["system_cpu_ms_per_request"] = sum(r["system_cpu_s"] for r in ok) / n * 1e3
     if all("instructions" in r for r in ok) and n:
         out["instructions_per_request"] = sum(r["instructions"] for r in ok) / n
+        by_object: dict[str, int] = {}
+        for r in ok:
+            for name, count in r.get("instructions_by_object", {}).items():
+                by_object[name] = by_object.get(name, 0) + count
+        out["instructions_by_object"] = by_object
     if all("owner_cpu_s" in r for r in ok) and n:  # the one serial part: its CPU per request bounds req/s
         out["owner_cpu_ms_per_request"] = sum(r["owner_cpu_s"] for r in ok) / n * 1e3
         out["owner_bound_req_per_s"] = (1e3 / out["owner_cpu_ms_per_request"] if out["owner_cpu_ms_per_request"]
@@ -598,11 +604,30 @@ def table(result: dict) -> str:
         lines += ["", "Instructions per request (the router under callgrind, over the measured window):", "",
                   "| stream | router | instructions/req |", "|---|---|---:|"]
         lines += [f"| {r['stream']} | {r['router']} | {r['instructions_per_request']:,.0f} |" for r in counted]
+        lines += ["", "Where those instructions ran (share of the window's, by the file whose code ran them; "
+                  "files under 1% left out):", ""]
+        lines += [f"- {r['stream']}, {r['router']}: {object_shares(r.get('instructions_by_object', {}))}"
+                  for r in counted]
     for label, per_stream in result.get("instructions_ratio_vs_cache_aware", {}).items():
         lines.append("")
         lines.append(f"Instructions per request, {label} / sglang-router cache_aware: "
                      + ", ".join(f"{s} {v:.2f}x" for s, v in per_stream.items()))
     return "\n".join(lines)
+
+
+def object_shares(by_object: dict[str, int], floor: float = 0.01) -> str:
+    """``callgrind.by_object``'s counts as shares, largest first, each file by its name alone (``python3.11``,
+    ``orjson``, ``native_word_pieces``, ``libc.so.6``)."""
+    total = sum(by_object.values())
+    if not total:
+        return "—"
+    shares = sorted(((count / total, _short_object(name)) for name, count in by_object.items()), reverse=True)
+    return ", ".join(f"{name} {share:.1%}" for share, name in shares if share >= floor)
+
+
+def _short_object(path: str) -> str:
+    name = path.rsplit("/", 1)[-1]
+    return name.split(".cpython-")[0].split(".abi3.")[0]
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:

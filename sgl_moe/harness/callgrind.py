@@ -3,7 +3,8 @@
 A process started under ``command(out)`` runs uninstrumented (``--instr-atstart=no``); ``Counter.window`` turns
 instrumentation on, and on leaving dumps what was counted and turns it off again. Instructions are a proxy for CPU
 time that this noisy 2-core VM cannot blur (the same run twice agreed within 0.2%), not a measure of it: code
-valgrind runs differently (OpenSSL's SHA-256 without SHA instructions, for one) counts high.
+valgrind runs differently (OpenSSL's SHA-256 without SHA instructions, for one) counts high. ``by_object`` splits a
+window's count by the executable or library whose code ran it.
 """
 
 from __future__ import annotations
@@ -57,6 +58,8 @@ class Counter:
     def __init__(self, pid: int, out_file: Path) -> None:
         self.pid = pid
         self.out_file = out_file
+        self.last_dump: Path | None = None
+        """The dump of the last window left (``by_object`` reads where its instructions ran)."""
 
     @contextmanager
     def window(self, name: str) -> Iterator[list[int]]:
@@ -71,4 +74,37 @@ class Counter:
         files = dumps(self.out_file)
         if len(files) != before + 1:
             raise RuntimeError(f"callgrind wrote {len(files) - before} dumps for window {name!r} ({self.out_file})")
+        self.last_dump = files[-1]
         got.append(totals(files[-1]))
+
+
+def by_object(dump: Path) -> dict[str, int]:
+    """The instructions a dump counted, by the file (executable or shared library) whose code ran them: each
+    function's own instructions, the calls it made counted where they ran. Sums to ``totals``."""
+    names: dict[str, str] = {}
+    spent: dict[str, int] = {}
+    current = "???"
+    after_call = False
+    with open(dump) as f:
+        for line in f:
+            head = line[:1]
+            if head.isdigit() or head in "+-*":
+                if after_call:  # the cost line of a ``calls=`` line: the callee's inclusive cost, counted there
+                    after_call = False
+                    continue
+                parts = line.split()
+                if len(parts) > 1:
+                    spent[current] = spent.get(current, 0) + int(parts[1])
+            elif line.startswith("calls="):
+                after_call = True
+            elif line.startswith(("ob=", "cob=")):
+                ref, _, name = line.partition("=")[2].rstrip("\n").partition(" ")
+                if ref.startswith("("):  # name compression: "(id) name" defines, "(id)" refers
+                    if name:
+                        names[ref] = name
+                    name = names.get(ref, ref)
+                else:
+                    name = line.partition("=")[2].strip()
+                if line.startswith("ob="):
+                    current = name
+    return spent

@@ -104,7 +104,7 @@ def test_front_processes_rows_report_the_placement_owner_cpu_and_its_bound(tmp_p
 def test_instructions_are_counted_for_each_router_over_its_measured_window(tmp_path):
     """``--instructions``: sgl_moe's router and sglang-router's each run under callgrind; each row counts the
     instructions of its measured window alone (neither start-up nor warm-up: well under a start's hundreds of
-    millions), and the table says so."""
+    millions), and the table says so, with where they ran (``callgrind.by_object``)."""
     out = tmp_path / "counted.json"
     proc = _run("--prompt-tokens", "50", "--shapes", "shared", "--requests", "40", "--warmup", "5",
                 "--concurrency", "4", "--repeats", "1", "--routers", "sgl_moe", "round_robin", "--instructions",
@@ -119,8 +119,14 @@ def test_instructions_are_counted_for_each_router_over_its_measured_window(tmp_p
     for router in ROUTERS:
         r = rows[router]
         assert r["errors"] == 0 and 10_000 < r["instructions_per_request"] < bounds[router], (router, r)
+        by_object = r["instructions_by_object"]  # where they ran: every instruction of the window, in some file
+        assert sum(by_object.values()) == round(r["instructions_per_request"] * r["requests"]), (router, by_object)
+    assert any("/python3" in name for name in rows[ROUTERS[0]]["instructions_by_object"])  # the interpreter ran some
     assert "instructions_per_request" not in rows["direct to stand-in"]
     assert "| shared-50 | sgl_moe longest_block_match | " in proc.stdout and "instructions/req" in proc.stdout
+    head = "- shared-50, sgl_moe longest_block_match: "
+    [split] = [line for line in proc.stdout.splitlines() if line.startswith(head)]
+    assert "python3" in split, split
 
 
 def test_every_router_runs_both_before_and_after_each_other_one():
