@@ -8,9 +8,10 @@ those blocks); a reset from a listener (gap it cannot replay, publisher restart)
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from urllib.parse import urlsplit
 
 from sgl_moe.kv_event_keys import ClientKeys
@@ -71,12 +72,12 @@ class KvEventSink:
             return
         worker.last_progress = time.monotonic()
         stored = False
-        gained: list[int] = []
+        gained: list[Sequence[int]] = []  # (each store's answer kept whole: the ledger reads them only when it waits)
         for event in batch.events:
             if isinstance(event, BlockStored):
                 if event.lora_name is not None or event.lora_id is not None:
                     continue  # adapter namespace: not routed with affinity (see block_hash)
-                gained += self.index.store(slot, event.block_hashes)
+                gained.append(self.index.store(slot, event.block_hashes))
                 worker.counters.events_stored += len(event.block_hashes)
                 stored = True
             elif isinstance(event, BlockRemoved):
@@ -88,7 +89,7 @@ class KvEventSink:
                 log.info("worker %s rank %d cleared its cache: dropped %d committed blocks",
                          worker.id, source.dp_rank, dropped)
         if stored:
-            self.ledger.on_stored(slot, gained)
+            self.ledger.on_stored(slot, gained[0] if len(gained) == 1 else itertools.chain.from_iterable(gained))
             self.on_change()  # queued requests may wait for exactly these blocks
 
     def on_reset(self, source: EventSource, reason: str) -> None:

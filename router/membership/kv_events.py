@@ -21,9 +21,12 @@ from typing import Any
 
 import msgspec
 
+from sgl_moe.router.placement.block_tables import PackedHashes
+
 
 class BlockStored(msgspec.Struct, frozen=True, kw_only=True, tag=True, gc=False):
     block_hashes: list[int]
+    """(From the C reader: ``PackedHashes``, equal to the list; the list is what msgspec decodes and checks.)"""
     block_size: int
     parent_block_hash: int | None = None
     lora_id: int | None = None
@@ -34,6 +37,7 @@ class BlockStored(msgspec.Struct, frozen=True, kw_only=True, tag=True, gc=False)
 
 class BlockRemoved(msgspec.Struct, frozen=True, kw_only=True, tag=True, gc=False):
     block_hashes: list[int]
+    """(As ``BlockStored``'s.)"""
     medium: str | None = None
 
 
@@ -104,14 +108,18 @@ def _event(raw: Any) -> KVEvent:
 
 
 def _from_native(raw: tuple) -> KVEvent:
-    """One event of ``native_kv_payload.decode``'s answer."""
+    """One event of ``native_kv_payload.decode``'s answer (its packed hashes as ``PackedHashes``)."""
     if raw[0] == 0:
         _, hashes, size, parent, lora_id, medium, salt, lora_name = raw
-        return BlockStored(block_hashes=hashes, block_size=size, parent_block_hash=parent, lora_id=lora_id,
+        return BlockStored(block_hashes=_hashes(hashes), block_size=size, parent_block_hash=parent, lora_id=lora_id,
                            medium=medium, cache_salt=salt, lora_name=lora_name)
     if raw[0] == 1:
-        return BlockRemoved(block_hashes=raw[1], medium=raw[2])
+        return BlockRemoved(block_hashes=_hashes(raw[1]), medium=raw[2])
     return AllBlocksCleared()
+
+
+def _hashes(hashes: bytes | list[int]) -> list[int] | PackedHashes:
+    return PackedHashes("q", hashes) if type(hashes) is bytes else hashes
 
 
 def decode_payload(payload: bytes, native: bool = NATIVE) -> tuple[float, list[KVEvent], int | None]:

@@ -14,7 +14,8 @@
 
    Answer: ``(ts, events, attn_dp_rank)``, each event a tuple: ``(0, block_hashes, block_size, parent_block_hash,
    lora_id, medium, cache_salt, lora_name)`` for ``BlockStored`` (absent optional fields None), ``(1, block_hashes,
-   medium)`` for ``BlockRemoved``, ``(2,)`` for ``AllBlocksCleared``. */
+   medium)`` for ``BlockRemoved``, ``(2,)`` for ``AllBlocksCleared``; ``block_hashes`` packed (``hash_array``: a
+   ``bytes`` of int64s), or a list of ints where one does not fit in 64 signed bits. */
 
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -244,6 +245,60 @@ static PyObject *optional_str(Reader *r) {
     return PyUnicode_DecodeUTF8(s, n, "strict");
 }
 
+/* An array of block hashes packed: a ``bytes`` of their signed 64-bit values in native order, which
+   ``kv_events`` hands on as a ``memoryview`` of ``q``s and the C block tables read without an int object per hash.
+   Where one does not fit (an unsigned value past 2^63 - 1), the list ``int_list`` makes, as before. NULL as
+   ``integer``. */
+static PyObject *int_list(Reader *r);
+
+static PyObject *hash_array(Reader *r) {
+    const uint8_t *at = r->p;
+    int64_t n = container(r, 0);
+    if (n < 0 || !need(r, (size_t)n)) /* each int takes at least one byte */
+        return NULL;
+    PyObject *out = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)n * 8);
+    if (out == NULL)
+        return NULL;
+    int64_t *to = (int64_t *)PyBytes_AS_STRING(out);
+    for (int64_t i = 0; i < n; i++) {
+        if (!need(r, 1))
+            goto not_packed;
+        uint8_t b = *r->p;
+        int64_t v;
+        if (b <= 0x7f || b >= 0xe0) { /* a fixint, positive or negative */
+            v = (int8_t)b;
+            r->p += 1;
+        } else {
+            int k;
+            switch (b) {
+            case 0xcc: case 0xd0: k = 1; break;
+            case 0xcd: case 0xd1: k = 2; break;
+            case 0xce: case 0xd2: k = 4; break;
+            case 0xcf: case 0xd3: k = 8; break;
+            default: goto not_packed; /* not an int: the list's reading says so */
+            }
+            if (!need(r, 1 + (size_t)k))
+                goto not_packed;
+            uint64_t u = be(r->p + 1, k);
+            if (b == 0xcf && u > (uint64_t)INT64_MAX)
+                goto not_packed;
+            if (b >= 0xd0) {
+                int shift = 64 - 8 * k;
+                v = (int64_t)(u << shift) >> shift;
+            } else {
+                v = (int64_t)u;
+            }
+            r->p += 1 + k;
+        }
+        to[i] = v;
+    }
+    return out;
+not_packed:
+    Py_DECREF(out);
+    r->p = at;
+    return int_list(r);
+}
+
 /* An array of ints as a new list; NULL as ``integer``. */
 static PyObject *int_list(Reader *r) {
     int64_t n = container(r, 0);
@@ -310,7 +365,7 @@ static PyObject *event(Reader *r) {
         if (got[f] != NULL)
             goto done; /* a field twice */
         if (f == F_HASHES)
-            got[f] = int_list(r);
+            got[f] = hash_array(r);
         else if (f == F_SIZE)
             got[f] = integer(r);
         else if (f == F_PARENT || f == F_LORA_ID)

@@ -66,17 +66,18 @@ class BlockIndex:
         self._tables.remove_target(slot)
 
     # -- committed table (KV events) ----------------------------------------------------------
-    def store(self, slot: int, hashes: Iterable[int]) -> list[int]:
-        """Commit ``hashes``; returns those the committed table gained (not already there)."""
+    def store(self, slot: int, hashes: Iterable[int]) -> Sequence[int]:
+        """Commit ``hashes``; returns those the committed table gained (not already there). ``PackedHashes`` (the
+        KV-event reader's) come back packed from the C tables."""
         try:
-            return self._tables.store(slot, hashes)
+            return _unpacked(self._tables.store(slot, hashes))
         except OverflowError:  # a hash outside the C tables' range (nothing was changed)
             self._to_python("a stored block hash outside the signed 64-bit range")
             return self._tables.store(slot, hashes)
 
-    def remove(self, slot: int, hashes: Iterable[int]) -> list[int]:
-        """Uncommit ``hashes``; returns those the committed table lost (it held them)."""
-        return self._tables.remove(slot, hashes)
+    def remove(self, slot: int, hashes: Iterable[int]) -> Sequence[int]:
+        """Uncommit ``hashes``; returns those the committed table lost (it held them), packed as ``store``'s."""
+        return _unpacked(self._tables.remove(slot, hashes))
 
     def clear_committed(self, slot: int) -> int:
         """Empty the committed table; returns how many blocks it held."""
@@ -144,3 +145,8 @@ def _record(result: dict[int, int], mask: int, blocks: int) -> None:
         low = mask & -mask
         result[low.bit_length() - 1] = blocks
         mask ^= low
+
+
+def _unpacked(answer: Sequence[int] | bytes) -> Sequence[int]:
+    """A C table's answer to packed hashes (a ``bytes`` of int64s) as ``PackedHashes``; any other as it is."""
+    return block_tables.PackedHashes("q", answer) if type(answer) is bytes else answer

@@ -4,7 +4,9 @@ import random
 
 import pytest
 
+from sgl_moe.router.placement import block_tables
 from sgl_moe.router.placement.block_index import BlockIndex
+from sgl_moe.router.placement.block_tables import PackedHashes
 from sgl_moe.router.placement.pending import PendingLedger, Promise
 
 
@@ -205,3 +207,35 @@ def test_ledger_retires_exactly_when_checking_every_waiter_after_every_batch_wou
         assert retired == ref.retired, step
         assert [ix.sizes(s) for s in slots] == [ref_ix.sizes(s) for s in slots], step
     assert len(retired) > 100  # the sequence retired promises both ways (stored and TTL), not only by failure
+
+
+def test_packed_hashes_equal_the_list_of_their_ints():
+    ints = [1, -2, 2**63 - 1, -2**63]
+    packed = PackedHashes("q", ints)
+    assert packed == ints and ints == packed and not packed != ints and packed == PackedHashes("q", ints)
+    assert packed != ints[:3] and packed != [1, -2, 0, 0] and len(packed) == 4 and list(packed) == ints
+    with pytest.raises(TypeError):
+        hash(packed)
+
+
+@pytest.mark.parametrize("native", [False, pytest.param(True, marks=pytest.mark.skipif(
+    not block_tables.NATIVE, reason="native_block_tables not built"))])
+def test_packed_hashes_are_stored_and_removed_as_their_list_is(native):
+    """What the KV-event reader hands on (``PackedHashes``) commits and uncommits exactly as the same list: the same
+    answers (packed from the C tables), holders and matches."""
+    rng = random.Random(3)
+    packed_index, list_index = BlockIndex(native=native), BlockIndex(native=native)
+    slots = [packed_index.add_target() for _ in range(3)]
+    assert slots == [list_index.add_target() for _ in range(3)]
+    pool = [rng.randrange(-2**63, 2**63) for _ in range(40)]
+    for _ in range(400):
+        slot, hashes = rng.choice(slots), [rng.choice(pool) for _ in range(rng.randrange(8))]
+        op = rng.choice(["store", "store", "remove", "promise"])
+        if op == "promise":
+            assert packed_index.promise(slot, hashes) == list_index.promise(slot, hashes)
+            continue
+        got = getattr(packed_index, op)(slot, PackedHashes("q", hashes))
+        assert got == getattr(list_index, op)(slot, hashes) and (type(got) is PackedHashes) == native
+        assert all(packed_index.holders(h) == list_index.holders(h) for h in pool)
+    chain = rng.sample(pool, 10)
+    assert packed_index.match_groups(chain, _mask(*slots)) == list_index.match_groups(chain, _mask(*slots))

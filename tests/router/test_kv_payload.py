@@ -12,6 +12,7 @@ import msgspec
 import pytest
 
 from sgl_moe.router.membership.kv_events import BlockStored, KVEventDecodeError, decode_payload
+from sgl_moe.router.placement.block_tables import PackedHashes
 
 native_kv_payload = pytest.importorskip("sgl_moe.router.membership.native_kv_payload",
                                         reason="native_kv_payload not built (no C compiler)")
@@ -64,7 +65,20 @@ def test_a_4000_token_store_decodes_to_its_hashes_only():
     payload = msgspec.msgpack.encode([1.0, [{"type": "BlockStored", "block_hashes": hashes,
                                              "token_ids": list(range(100_000, 104_000)), "block_size": 16}]])
     ts, events, rank = decode_payload(payload)
+    assert type(events[0].block_hashes) is PackedHashes  # packed: no int object per hash
     assert (ts, events, rank) == (1.0, [BlockStored(block_hashes=hashes, block_size=16)], None)
+
+
+def test_hashes_are_packed_where_every_one_fits_in_64_signed_bits_and_a_list_where_one_does_not():
+    """Every msgpack int width, signed and unsigned, at its edges, packed; an unsigned hash past 2^63 - 1 (which
+    the C block tables refuse, moving the router to the Python ones) keeps the event's hashes a list of ints."""
+    fits = [0, 1, 127, 128, 255, 256, 65535, 65536, 2 ** 32 - 1, 2 ** 32, 2 ** 63 - 1, -1, -32, -33, -128, -129,
+            -32768, -32769, -2 ** 31, -2 ** 31 - 1, -2 ** 63]
+    for hashes in (fits, fits + [2 ** 63], [2 ** 64 - 1]):
+        payload = msgspec.msgpack.encode([1.0, [{"type": "BlockRemoved", "block_hashes": hashes}]])
+        [event] = decode_payload(payload)[1]
+        assert event.block_hashes == hashes and list(event.block_hashes) == hashes
+        assert (type(event.block_hashes) is PackedHashes) == all(h < 2 ** 63 for h in hashes), hashes
 
 
 _Ext = msgspec.msgpack.Ext
