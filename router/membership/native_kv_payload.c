@@ -189,19 +189,16 @@ static inline int str_is(const char *s, Py_ssize_t n, const char *want) {
     return (size_t)n == strlen(want) && memcmp(s, want, (size_t)n) == 0;
 }
 
-/* An int value as a new Python int; NULL without an error set when the next value is not an int, NULL with an
-   error set on no memory. */
-static PyObject *integer(Reader *r) {
+/* The next value if it is an int: 1 with its value in ``*v``; 2 for an unsigned int past INT64_MAX (its bits in
+   ``*v``); 0 when it is not an int or is cut short (the reader not moved). */
+static int read_int(Reader *r, int64_t *v) {
     if (!need(r, 1))
-        return NULL;
+        return 0;
     uint8_t b = *r->p;
-    if (b <= 0x7f) {
+    if (b <= 0x7f || b >= 0xe0) { /* a fixint, positive or negative */
+        *v = (int8_t)b;
         r->p += 1;
-        return PyLong_FromLong(b);
-    }
-    if (b >= 0xe0) {
-        r->p += 1;
-        return PyLong_FromLong((int8_t)b);
+        return 1;
     }
     int n;
     switch (b) {
@@ -209,17 +206,29 @@ static PyObject *integer(Reader *r) {
     case 0xcd: case 0xd1: n = 2; break;
     case 0xce: case 0xd2: n = 4; break;
     case 0xcf: case 0xd3: n = 8; break;
-    default: return NULL;
+    default: return 0;
     }
     if (!need(r, 1 + (size_t)n))
-        return NULL;
-    uint64_t v = be(r->p + 1, n);
+        return 0;
+    uint64_t u = be(r->p + 1, n);
     r->p += 1 + n;
     if (b >= 0xd0) { /* signed: sign-extend from n bytes */
         int shift = 64 - 8 * n;
-        return PyLong_FromLongLong((int64_t)(v << shift) >> shift);
+        *v = (int64_t)(u << shift) >> shift;
+        return 1;
     }
-    return PyLong_FromUnsignedLongLong(v);
+    *v = (int64_t)u;
+    return u > (uint64_t)INT64_MAX ? 2 : 1;
+}
+
+/* An int value as a new Python int; NULL without an error set when the next value is not an int, NULL with an
+   error set on no memory. */
+static PyObject *integer(Reader *r) {
+    int64_t v;
+    int got = read_int(r, &v);
+    if (got == 0)
+        return NULL;
+    return got == 2 ? PyLong_FromUnsignedLongLong((uint64_t)v) : PyLong_FromLongLong(v);
 }
 
 /* An int or nil (Py_None, new reference); NULL as ``integer``. */
@@ -260,38 +269,9 @@ static PyObject *hash_array(Reader *r) {
     if (out == NULL)
         return NULL;
     int64_t *to = (int64_t *)PyBytes_AS_STRING(out);
-    for (int64_t i = 0; i < n; i++) {
-        if (!need(r, 1))
+    for (int64_t i = 0; i < n; i++)
+        if (read_int(r, &to[i]) != 1) /* not an int (the list's reading says so), or past 64 signed bits */
             goto not_packed;
-        uint8_t b = *r->p;
-        int64_t v;
-        if (b <= 0x7f || b >= 0xe0) { /* a fixint, positive or negative */
-            v = (int8_t)b;
-            r->p += 1;
-        } else {
-            int k;
-            switch (b) {
-            case 0xcc: case 0xd0: k = 1; break;
-            case 0xcd: case 0xd1: k = 2; break;
-            case 0xce: case 0xd2: k = 4; break;
-            case 0xcf: case 0xd3: k = 8; break;
-            default: goto not_packed; /* not an int: the list's reading says so */
-            }
-            if (!need(r, 1 + (size_t)k))
-                goto not_packed;
-            uint64_t u = be(r->p + 1, k);
-            if (b == 0xcf && u > (uint64_t)INT64_MAX)
-                goto not_packed;
-            if (b >= 0xd0) {
-                int shift = 64 - 8 * k;
-                v = (int64_t)(u << shift) >> shift;
-            } else {
-                v = (int64_t)u;
-            }
-            r->p += 1 + k;
-        }
-        to[i] = v;
-    }
     return out;
 not_packed:
     Py_DECREF(out);
