@@ -134,6 +134,56 @@ static int chain_args(PyObject *const *args, Py_ssize_t nargs, const char *usage
     return 0;
 }
 
+/* The chain over ids laid out as uint32 little-endian bytes: every full page of ``data`` (``len`` bytes) hashed,
+   trailing bytes left alone; the same answer as ``block_hash_chain`` over the same ids. */
+static PyObject *chain_over_bytes(const unsigned char *data, Py_ssize_t len, Py_ssize_t page, PyObject *seed,
+                                  const char *seed_bytes, Py_ssize_t seed_len) {
+    size_t step = 4 * (size_t)page;
+    Py_ssize_t pages = len / (Py_ssize_t)step;
+    PyObject *hashes = PyList_New(pages);
+    unsigned char *buf = PyMem_Malloc((size_t)(seed_len > 32 ? seed_len : 32) + step);
+    if (hashes == NULL || buf == NULL) {
+        if (buf == NULL)
+            PyErr_NoMemory();
+        PyMem_Free(buf);
+        Py_XDECREF(hashes);
+        return NULL;
+    }
+    unsigned char digest[32];
+    for (Py_ssize_t p = 0; p < pages; p++) {
+        unsigned char *w = buf;
+        if (p > 0) {
+            memcpy(w, digest, 32);
+            w += 32;
+        } else if (seed_len > 0) {
+            memcpy(w, seed_bytes, (size_t)seed_len);
+            w += seed_len;
+        }
+        memcpy(w, data + (size_t)p * step, step);
+        sha256(buf, (size_t)(w - buf) + step, digest);
+        uint64_t first = 0;
+        for (int i = 0; i < 8; i++)
+            first = first << 8 | digest[i];
+        PyObject *h = PyLong_FromLongLong((long long)first);
+        if (h == NULL) {
+            PyMem_Free(buf);
+            Py_DECREF(hashes);
+            return NULL;
+        }
+        PyList_SET_ITEM(hashes, p, h);
+    }
+    PyMem_Free(buf);
+    PyObject *last = pages > 0 ? PyBytes_FromStringAndSize((const char *)digest, 32) : Py_NewRef(seed);
+    if (last == NULL) {
+        Py_DECREF(hashes);
+        return NULL;
+    }
+    PyObject *out = PyTuple_Pack(2, hashes, last);
+    Py_DECREF(hashes);
+    Py_DECREF(last);
+    return out;
+}
+
 static PyObject *block_hash_chain(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     Py_ssize_t page, seed_len;
     PyObject *seed;
@@ -141,6 +191,23 @@ static PyObject *block_hash_chain(PyObject *self, PyObject *const *args, Py_ssiz
     if (chain_args(args, nargs, "block_hash_chain(token_ids, page_size, seed=None)", &page, &seed, &seed_bytes,
                    &seed_len) < 0)
         return NULL;
+#if PY_LITTLE_ENDIAN
+    if (!PyList_Check(args[0]) && !PyTuple_Check(args[0]) && PyObject_CheckBuffer(args[0])) {
+        /* ids packed as uint32 (``token_ids.TokenIds``, an ``array`` of ``I``): hashed where they lie */
+        Py_buffer view;
+        if (PyObject_GetBuffer(args[0], &view, PyBUF_FORMAT | PyBUF_C_CONTIGUOUS) < 0)
+            return NULL;
+        const char *f = view.format ? view.format : "B";
+        if (*f == '@' || *f == '=' || *f == '<')
+            f++;
+        if (view.itemsize == 4 && (strcmp(f, "I") == 0 || strcmp(f, "L") == 0)) {
+            PyObject *out = chain_over_bytes(view.buf, view.len, page, seed, seed_bytes, seed_len);
+            PyBuffer_Release(&view);
+            return out;
+        }
+        PyBuffer_Release(&view); /* another buffer (bytes, signed ints): read as a sequence of ints, as before */
+    }
+#endif
     PyObject *seq = PySequence_Fast(args[0], "token_ids must be a sequence of ints");
     if (seq == NULL)
         return NULL;
@@ -221,52 +288,9 @@ static PyObject *block_hash_chain_bytes(PyObject *self, PyObject *const *args, P
     Py_buffer view;
     if (PyObject_GetBuffer(args[0], &view, PyBUF_SIMPLE) < 0)
         return NULL;
-    size_t step = 4 * (size_t)page;
-    Py_ssize_t pages = view.len / (Py_ssize_t)step;
-    PyObject *hashes = PyList_New(pages);
-    unsigned char *buf = PyMem_Malloc((size_t)(seed_len > 32 ? seed_len : 32) + step);
-    if (hashes == NULL || buf == NULL) {
-        if (buf == NULL)
-            PyErr_NoMemory();
-        goto fail;
-    }
-    unsigned char digest[32];
-    const unsigned char *data = view.buf;
-    for (Py_ssize_t p = 0; p < pages; p++) {
-        unsigned char *w = buf;
-        if (p > 0) {
-            memcpy(w, digest, 32);
-            w += 32;
-        } else if (seed_len > 0) {
-            memcpy(w, seed_bytes, (size_t)seed_len);
-            w += seed_len;
-        }
-        memcpy(w, data + (size_t)p * step, step);
-        sha256(buf, (size_t)(w - buf) + step, digest);
-        uint64_t first = 0;
-        for (int i = 0; i < 8; i++)
-            first = first << 8 | digest[i];
-        PyObject *h = PyLong_FromLongLong((long long)first);
-        if (h == NULL)
-            goto fail;
-        PyList_SET_ITEM(hashes, p, h);
-    }
-    PyMem_Free(buf);
+    PyObject *out = chain_over_bytes(view.buf, view.len, page, seed, seed_bytes, seed_len);
     PyBuffer_Release(&view);
-    PyObject *last = pages > 0 ? PyBytes_FromStringAndSize((const char *)digest, 32) : Py_NewRef(seed);
-    if (last == NULL) {
-        Py_DECREF(hashes);
-        return NULL;
-    }
-    PyObject *out = PyTuple_Pack(2, hashes, last);
-    Py_DECREF(hashes);
-    Py_DECREF(last);
     return out;
-fail:
-    PyMem_Free(buf);
-    Py_XDECREF(hashes);
-    PyBuffer_Release(&view);
-    return NULL;
 }
 
 static PyObject *set_backend(PyObject *self, PyObject *arg) {

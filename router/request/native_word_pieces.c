@@ -14,7 +14,7 @@
    text that makes hashes collide (the router reads its users' text) slows a lookup by at most that many slots,
    and such a piece is encoded each time instead of kept.
 
-   PieceTable(max_pieces, max_chars)
+   PieceTable(max_pieces, max_chars, *, packed=False)
    lookup(text) -> (ids, [], pieces) when every piece of ``text`` is kept, else (partial, new, pieces): ``new`` the
        texts of the pieces not kept, in order of appearance, once each; ``pieces`` how many pieces ``text`` has.
    partial.fill(fresh) -> (ids, []) with the pieces not kept taken from ``fresh`` (a dict of piece -> ids), or
@@ -22,7 +22,10 @@
        the kept pieces lie, so ``fill`` does not look them up again unless the table was rebuilt since.
    keep(fresh) -> None: keeps each piece of ``fresh`` up to ``max_chars`` characters; at ``max_pieces`` pieces
        the older half is dropped (the table is rebuilt from the newer half).
-   len(table): pieces kept. */
+   len(table): pieces kept.
+   With ``packed``, every ``ids`` answered is the uint32 bytes of the ids (native order) instead of a list: the list
+   cost an int object's reference count touched per id, a cache miss each in a vector of megabytes, and the ids'
+   consumers read them back from those objects (``token_ids.TokenIds``). */
 
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -61,6 +64,7 @@ typedef struct {
     PyObject **id_objs; /* id -> its int object, made on first use */
     size_t id_objs_len;
     Py_ssize_t max_pieces, max_chars;
+    int packed; /* ids answered as uint32 bytes, not a list of ints */
 } PieceTable; /* slots: a power of two, at least twice ``count`` (they double as pieces are kept) */
 
 static inline const char *slot_key(const PieceTable *t, const Slot *s) {
@@ -280,8 +284,40 @@ static int split_and_find(PieceTable *t, const char *s, Py_ssize_t n, Pieces *v)
 }
 
 /* The ids of the pieces, kept ones from the table, the others from ``fresh`` (borrowed lists, one per missing
-   piece, in order). */
+   piece, in order): a list of ints, or with ``packed`` their uint32 bytes in native order (no int object made or
+   touched per id; a fresh id outside uint32 raises OverflowError). */
 static PyObject *assemble(PieceTable *t, const Pieces *v, PyObject *const *fresh, size_t total) {
+    if (t->packed) {
+        PyObject *out = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)(total * sizeof(uint32_t)));
+        if (out == NULL)
+            return NULL;
+        uint32_t *w = (uint32_t *)PyBytes_AS_STRING(out);
+        size_t f = 0;
+        for (size_t j = 0; j < v->len; j++) {
+            const Piece *p = &v->items[j];
+            if (p->slot >= 0) {
+                const Slot *slot = &t->slots[p->slot];
+                memcpy(w, slot_ids(t, slot), slot->ids_len * sizeof(uint32_t));
+                w += slot->ids_len;
+                continue;
+            }
+            PyObject *list = fresh[f++];
+            for (Py_ssize_t k = 0; k < PyList_GET_SIZE(list); k++) {
+                unsigned long id = PyLong_AsUnsignedLong(PyList_GET_ITEM(list, k));
+                if (id == (unsigned long)-1 && PyErr_Occurred()) {
+                    Py_DECREF(out);
+                    return NULL;
+                }
+                if (id > UINT32_MAX) {
+                    Py_DECREF(out);
+                    PyErr_SetString(PyExc_OverflowError, "a token id does not fit in uint32");
+                    return NULL;
+                }
+                *w++ = (uint32_t)id;
+            }
+        }
+        return out;
+    }
     PyObject *ids = PyList_New((Py_ssize_t)total);
     if (ids == NULL)
         return NULL;
@@ -523,9 +559,10 @@ static PyObject *keep(PieceTable *t, PyObject *fresh) {
 }
 
 static int init(PieceTable *t, PyObject *args, PyObject *kwds) {
-    static char *names[] = {"max_pieces", "max_chars", NULL};
+    static char *names[] = {"max_pieces", "max_chars", "packed", NULL};
     Py_ssize_t max_pieces, max_chars;
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "nn", names, &max_pieces, &max_chars))
+    int packed = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "nn|$p", names, &max_pieces, &max_chars, &packed))
         return -1;
     if (max_pieces < 1 || max_chars < 1 || max_pieces > (1 << 28)) {
         PyErr_SetString(PyExc_ValueError, "max_pieces and max_chars must be positive (max_pieces at most 2**28)");
@@ -539,6 +576,7 @@ static int init(PieceTable *t, PyObject *args, PyObject *kwds) {
     t->count = t->keys_len = t->ids_len = 0;
     t->max_pieces = max_pieces;
     t->max_chars = max_chars;
+    t->packed = packed;
     uint64_t seed;
     if (_PyOS_URandom(&seed, sizeof seed) < 0)
         return -1;

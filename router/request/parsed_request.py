@@ -32,7 +32,8 @@ class ParsedRequest:
     body: dict
     """Body to forward: token ids in place of text where SGLang answers identically."""
     prompts: list[list[int]]
-    """Every sequence the worker prefills, in token ids (score: one per item, as SGLang builds it)."""
+    """Every sequence the worker prefills, in token ids (score: one per item, as SGLang builds it); those the prefix
+    memo encoded are ``token_ids.TokenIds`` (packed uint32, equal to the list of the same ints)."""
     shared_prefix_len: int
     """Tokens all prompts share (their longest common prefix)."""
     namespace: Namespace
@@ -51,9 +52,9 @@ class ParsedRequest:
 
     def input_ids_json(self) -> bytes | None:
         """The JSON text of ``body["input_ids"]`` when it is the one prompt the memo encoded (``prefix_memo.ids_json``:
-        a shared prefix's part written once), else None."""
+        a shared prefix's part written once, packed ids written from their buffer), else None."""
         paths = self.memo_paths
-        if not paths or len(paths) != 1 or not paths[0] or self.body.get("input_ids") is not self.prompts[0]:
+        if not paths or len(paths) != 1 or self.body.get("input_ids") is not self.prompts[0]:
             return None
         return ids_json(paths[0], self.prompts[0])
 

@@ -17,7 +17,8 @@ A text with none of those is the concatenation of its pieces' ids (the cut argum
 check runs over the whole text at C speed, never cut by cut; a text failing one is encoded whole. A
 ``word_pieces.PieceTable`` finds the pieces and keeps their ids: pieces up to ``MAX_PIECE_CHARS`` characters,
 ``MAX_PIECES`` of them, the older half dropped when full. New pieces of a batch are encoded in one call.
-``PrefixMemo`` encodes its segments through this, so its sampled whole-encode check covers it in service.
+``PrefixMemo`` encodes its segments through this, so its sampled whole-encode check covers it in service. The ids
+come out packed (``token_ids.TokenIds``): the table writes them into one buffer, with no int object per id.
 
 New pieces go to ``encode_new`` when the tokenizer gives one (``router_tokenizer.piece_encoder``: the library's
 normalizer, pre-tokenizer and model called directly, about 4 times cheaper for a request's one or two new pieces
@@ -34,6 +35,7 @@ import re
 from collections.abc import Callable
 
 from sgl_moe.router.request.token_cuts import CutRule
+from sgl_moe.router.request.token_ids import TokenIds
 from sgl_moe.router.request.word_pieces import Partial, new_table
 
 MAX_PIECES = 200_000
@@ -63,7 +65,7 @@ class PieceCache:
         self._ascii_only = ascii_only
         self._known = known
         """Characters the vocabulary holds (None: byte fallback, every character is known)."""
-        self._table = new_table(MAX_PIECES, MAX_PIECE_CHARS)
+        self._table = new_table(MAX_PIECES, MAX_PIECE_CHARS, packed=True)
         """The ids of pieces encoded before. Its calls hold the GIL throughout: threads parsing at once share it
         without a lock."""
         self.hits = 0
@@ -110,22 +112,24 @@ class PieceCache:
             return False
         return not holds_any(text, self._added)
 
-    def encode_batch(self, texts: list[str]) -> list[list[int]]:
-        """The ids of each text without special tokens, as ``encode_plain`` gives them."""
+    def encode_batch(self, texts: list[str]) -> list[TokenIds]:
+        """The ids of each text without special tokens, as ``encode_plain`` gives them, packed (``TokenIds``)."""
         cut = [self.cuttable(t) for t in texts]
         long = {i for i, (ok, t) in enumerate(zip(cut, texts)) if ok and len(t) > CHUNK_CHARS}
         if not long:
             return self._encode(texts, cut)
         short = [i for i in range(len(texts)) if i not in long]
-        out: list[list[int]] = [[] for _ in texts]
+        out: list[TokenIds] = [TokenIds("I")] * len(texts)
         for i, ids in zip(short, self._encode([texts[i] for i in short], [cut[i] for i in short])):
             out[i] = ids
         for i in long:  # run after run: a run's new pieces are kept before the next run looks them up
+            ids = TokenIds("I")
             for run in _runs(texts[i]):
-                out[i] += self._encode([run], [True])[0]
+                ids.extend(self._encode([run], [True])[0])
+            out[i] = ids
         return out
 
-    def _encode(self, texts: list[str], cut: list[bool]) -> list[list[int]]:
+    def _encode(self, texts: list[str], cut: list[bool]) -> list[TokenIds]:
         """``encode_batch`` of texts whose ``cuttable`` is known."""
         table = self._table
         out: list = []
@@ -145,6 +149,8 @@ class PieceCache:
                     if unknown:
                         partial.append(i)
                         new.update(dict.fromkeys(unknown))
+                    else:
+                        found = TokenIds("I", found)
             out.append(found)
             if not cut[i]:
                 whole.append(i)
@@ -155,13 +161,13 @@ class PieceCache:
         self.whole += len(whole)
         if whole:
             for i, ids in zip(whole, self._encode_plain([texts[i] for i in whole])):
-                out[i] = ids
+                out[i] = TokenIds("I", ids)
         for i in partial:
             out[i] = self._fill(out[i], fresh)
         table.keep(fresh)
         return out
 
-    def _fill(self, found: Partial, fresh: dict[str, list[int]]) -> list[int]:
+    def _fill(self, found: Partial, fresh: dict[str, list[int]]) -> TokenIds:
         """The ids of a text looked up with pieces not kept, those taken from ``fresh``. A piece the lookup found
         kept may have been dropped since (another thread's ``keep`` made room): it is encoded again."""
         ids, unknown = found.fill(fresh)
@@ -170,7 +176,7 @@ class PieceCache:
             self.misses += len(unknown)
             self.hits -= len(unknown)
             ids, unknown = found.fill(fresh)
-        return ids
+        return TokenIds("I", ids)
 
 
 def by_first_char(contents: list[str]) -> dict[str, tuple[str, ...]]:

@@ -28,11 +28,15 @@ guards the tree, never held while encoding.
 
 *Hints* spare a popular prefix its walk: for the first ``segment_chars`` characters of a text (the root's bucket
 key), the memo keeps the last few deepest paths texts took from there, each with its whole text and its ids in
-one list. A text that starts with a hint's text (one comparison at C speed) starts its walk at the hint's node,
+one buffer. A text that starts with a hint's text (one comparison at C speed) starts its walk at the hint's node,
 and its ids start as a copy of the hint's. That path is one the walk could have taken (every segment on it starts
 the text where the walk would look for it); its ends are checked as the walk's are (``_plan``), the few that can
 need it listed on the hint. A hint's deepest node also keeps the page hashes of the whole path (``through``), so
 a hinted text's hashes start as a copy of them too.
+
+A text's ids come out packed (``token_ids.TokenIds``: uint32 in one buffer, as the nodes and hints keep them and as
+the piece cache gives them), so assembling them copies runs of bytes and makes no int object per id; ``ids_json``
+and ``page_hashes`` read them where they lie. With the memo off, ids are the tokenizer's lists.
 """
 
 from __future__ import annotations
@@ -48,6 +52,7 @@ import orjson
 
 from sgl_moe.router.request.block_hash import BlockHash, block_hash_chain
 from sgl_moe.router.request.token_cuts import CutRule
+from sgl_moe.router.request.token_ids import TokenIds, json_text
 
 log = logging.getLogger("sgl_moe.router.tokenizer")
 
@@ -73,7 +78,7 @@ HASH_KEYS_PER_NODE = 4
 HINTS_PER_HEAD = 4
 """Deepest paths kept per first segment's head (``_Hint``): prefixes that share their first characters."""
 HINT_IDS = 500_000
-"""Ids the hints hold together (a Python list each, ~40 bytes an id: ~20 MB) before the least recently used go."""
+"""Ids the hints hold together (uint32 each: 2 MB) before the least recently used go."""
 
 EncodeBatch = Callable[[list[str]], list[list[int]]]
 
@@ -169,13 +174,14 @@ class PrefixMemo:
         return self.rule.next_cut(text, c, min(len(text), c + self.segment_chars))
 
     def encode_batch(self, texts: list[str]) -> tuple[list[list[int]], list[MemoPath]]:
-        """The ids of each text (special tokens added) and the memo path each one's ids came through."""
+        """The ids of each text (special tokens added; ``TokenIds``, or the whole encode's list where the memo is off
+        or a check failed) and the memo path each one's ids came through."""
         if not self.enabled:
             return self._encode_full(texts), [() for _ in texts]
         plans = [self._plan(t) for t in texts]
         pieces = [seg for plan in plans for seg in plan.to_encode]
         encoded = self._encode_plain(pieces) if pieces else []
-        out: list[list[int]] = []
+        out: list = []
         paths: list[MemoPath] = []
         at = 0
         with self._lock:
@@ -262,7 +268,7 @@ class PrefixMemo:
                 return hint
         return None
 
-    def _remember(self, head: str, text: str, path: MemoPath, ids: list[int], extends: _Hint | None) -> None:
+    def _remember(self, head: str, text: str, path: MemoPath, ids: TokenIds, extends: _Hint | None) -> None:
         """Under the lock: ``path`` (deepest last) is the newest hint for ``head``; it replaces ``extends``, the hint
         it went on from (a prefix memoised further keeps one hint, not one per length)."""
         deepest, reach = path[-1], self.rule.reach
@@ -325,22 +331,26 @@ class PrefixMemo:
         """The next checkpoint's earliest place after a checkpoint at ``start``."""
         return (start // self.segment_chars + 1) * self.segment_chars
 
-    def _assemble(self, plan: _Plan, encoded: list[list[int]]) -> tuple[list[int], MemoPath]:
+    def _assemble(self, plan: _Plan, encoded: list[Sequence[int]]) -> tuple[TokenIds, MemoPath]:
         """Under the lock: the text's ids; new checkpoint segments become nodes; the path is touched."""
         self.stats.texts += 1
         self.stats.encoded_chars += sum(map(len, plan.to_encode))
         if not plan.path and len(plan.to_encode) == 1:  # nothing memoised, nothing to memoise: one whole piece
             own = encoded[0]
-            return (self.prefix + own + self.suffix if self.prefix or self.suffix else own), ()
+            if not (self.prefix or self.suffix):
+                return (own if type(own) is TokenIds else TokenIds("I", own)), ()
+            ids = TokenIds("I", self.prefix)
+            ids.extend(own)
+            ids.extend(self.suffix)
+            return ids, ()
         path = list(plan.path)
         base = plan.hint
         if base is None:
-            ids = array.array("I", self.prefix)
+            ids = TokenIds("I", self.prefix)
             for n in path:
                 ids.extend(n.ids)
-            ids = ids.tolist()
-        else:  # the hint's ids, then the nodes matched past it (ids as a list: no array to convert at the end)
-            ids = base.ids.copy()
+        else:  # the hint's ids, then the nodes matched past it
+            ids = TokenIds("I", base.ids)
             for n in path[len(base.path):]:
                 ids.extend(n.ids)
         memo_ids = len(ids) - len(self.prefix)
@@ -453,8 +463,8 @@ class _Hint:
     text: str
     """The text through the deepest node's end."""
     path: MemoPath
-    ids: list[int]
-    """The ids through the deepest node's end, the special tokens added in front included."""
+    ids: array.array
+    """The ids through the deepest node's end, the special tokens added in front included (uint32)."""
     short_before: tuple[int, ...]
     """Indices ``k`` of ``path`` (before its last) whose next segment is shorter than ``CutRule.reach``: the ends
     ``_plan`` checks again for a text that starts with the hint (the others are allowed by the argument there)."""
@@ -464,12 +474,13 @@ def _first_difference(a: list[int], b: list[int]) -> int:
     return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
 
 
-def ids_json(path: MemoPath, ids: list[int]) -> bytes:
-    """``orjson.dumps(ids)`` for ``ids`` that came with ``path`` from ``PrefixMemo.encode_batch``: the ids through a
-    hint's deepest node on the path (a popular prefix: most of a shared prompt) are written once per hint, the
+def ids_json(path: MemoPath, ids: Sequence[int]) -> bytes:
+    """``orjson.dumps(list(ids))`` for ``ids`` that came with ``path`` from ``PrefixMemo.encode_batch``: the ids through
+    a hint's deepest node on the path (a popular prefix: most of a shared prompt) are written once per hint, the
     second time a text passes there, and kept; only the rest is written per request. Every text whose path passes a
     node has the same ids through its end (the special tokens in front, then the nodes' ids), so the kept text is
-    theirs too."""
+    theirs too. ``TokenIds`` are written from their buffer (``token_ids.json_text``)."""
+    write = json_text if type(ids) is TokenIds else _list_json
     for k in range(len(path) - 1, -1, -1):  # the deepest node a hint ends at (a hinted text's: near the end)
         node = path[k]
         if not node.hint_refs:
@@ -479,12 +490,16 @@ def ids_json(path: MemoPath, ids: list[int]) -> bytes:
             node.through_json = b""
             continue
         if not head:
-            head = orjson.dumps(ids[:node.end])[:-1]
+            head = write(ids, 0, node.end)[:-1]
             node.through_json = head  # (a hint dropped meanwhile leaves it set: still these ids, freed with the node)
         if len(ids) == node.end:
             return head + b"]"
-        return b"".join((head, b",", memoryview(orjson.dumps(ids[node.end:]))[1:]))  # the head copied once
-    return orjson.dumps(ids)
+        return b"".join((head, b",", memoryview(write(ids, node.end))[1:]))  # the head copied once
+    return write(ids)
+
+
+def _list_json(ids: Sequence[int], start: int = 0, end: int | None = None) -> bytes:
+    return orjson.dumps(ids[start:end] if start or end is not None else ids)
 
 
 def page_hashes(path: MemoPath, ids: Sequence[int], page_size: int, seed: bytes | None) -> list[BlockHash]:

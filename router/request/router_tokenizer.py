@@ -36,6 +36,7 @@ import jinja2
 from sgl_moe.router.request.piece_cache import EncodeBatch, PieceCache
 from sgl_moe.router.request.prefix_memo import MemoPath, PrefixMemo
 from sgl_moe.router.request.token_cuts import CutRule
+from sgl_moe.router.request.token_ids import TokenIds
 from sgl_moe.wire import TOKENIZER_FILE_NAMES, is_tokenizer_file_name
 
 try:
@@ -311,12 +312,13 @@ class RouterTokenizer:
         log.warning("router tokenizer no longer exact: %s", reason)
 
     def encode_batch(self, texts: list[str]) -> list[list[int]]:
-        """The ids SGLang prefills for each text sent to ``/generate`` (special tokens added)."""
-        return self.encode_with_paths(texts)[0]
+        """The ids SGLang prefills for each text sent to ``/generate`` (special tokens added), as lists."""
+        return [ids.tolist() if type(ids) is TokenIds else ids for ids in self.encode_with_paths(texts)[0]]
 
     def encode_with_paths(self, texts: list[str]) -> tuple[list[list[int]], list[MemoPath]]:
         """``encode_batch``, and for each text the memo path its ids came through (for ``memo.page_hashes``;
-        empty without the memo)."""
+        empty without the memo). Ids the memo assembled are ``TokenIds`` (packed uint32, equal to the list of the
+        same ints): the request path hashes and writes them from their buffer."""
         if not texts:
             return [], []
         if self.memo is not None and self.memo.enabled:
@@ -335,7 +337,8 @@ class RouterTokenizer:
     def encode_plain(self, text: str) -> list[int]:
         """The ids of ``text`` with no special tokens added (rendered chat prompts, score items)."""
         if self.plain_memo is not None and self.plain_memo.enabled:
-            return self.plain_memo.encode_batch([text])[0][0]
+            ids = self.plain_memo.encode_batch([text])[0][0]
+            return ids.tolist() if type(ids) is TokenIds else ids
         if self._stock:
             return self.backend.encode_batch_fast([text], add_special_tokens=False)[0].ids
         return self.hf.encode(text, add_special_tokens=False)

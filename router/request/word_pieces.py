@@ -13,6 +13,9 @@ A *piece* is a run of spaces and the non-spaces after it, or the run of spaces t
   is dropped;
 * ``len(table)``: pieces kept.
 
+Made with ``packed=True``, every ``ids`` it answers is their uint32 bytes in native order instead of a list
+(``token_ids.TokenIds("I", ids)`` reads them without an int object per id).
+
 The C type ``native_word_pieces.PieceTable`` (``native_word_pieces.c``, built at install) finds the pieces in the
 text's UTF-8 bytes and looks them up in its own hash table, with no Python object per piece; it is used when it
 was built. Otherwise ``PieceTablePy`` here, two dicts, which is also its reference in the tests
@@ -22,6 +25,7 @@ UTF-8: the C table's ``lookup`` raises ``UnicodeEncodeError`` for it.
 
 from __future__ import annotations
 
+import array
 from itertools import chain, islice
 from typing import Protocol
 
@@ -52,8 +56,8 @@ class PieceTablePy:
     piece of one space then a word (the word may be empty: one space ending the text) in ``words`` by its word
     (``str.split(" ")`` gives the words, at 5x the speed of the regex)."""
 
-    def __init__(self, max_pieces: int, max_chars: int) -> None:
-        self.max_pieces, self.max_chars = max_pieces, max_chars
+    def __init__(self, max_pieces: int, max_chars: int, *, packed: bool = False) -> None:
+        self.max_pieces, self.max_chars, self.packed = max_pieces, max_chars, packed
         self.kept: dict[str, Ids] = {}
         self.words: dict[str, Ids] = {}
 
@@ -63,8 +67,8 @@ class PieceTablePy:
     def lookup(self, text: str) -> tuple[Ids | Partial, list[str], int]:
         found, missing, new, pieces = lookup_py(text, self.kept, self.words)
         if missing is None:
-            return found, [], pieces
-        return _PartialPy(found, missing, new), list(dict.fromkeys(new)), pieces
+            return (_packed(found) if self.packed else found), [], pieces
+        return _PartialPy(found, missing, new, self.packed), list(dict.fromkeys(new)), pieces
 
     def keep(self, fresh: dict[str, Ids]) -> None:
         for piece, ids in fresh.items():
@@ -84,8 +88,8 @@ class PieceTablePy:
 
 
 class _PartialPy:
-    def __init__(self, found: list, missing: list[int], new: list[str]) -> None:
-        self.found, self.missing, self.new = found, missing, new
+    def __init__(self, found: list, missing: list[int], new: list[str], packed: bool) -> None:
+        self.found, self.missing, self.new, self.packed = found, missing, new, packed
 
     def fill(self, fresh: dict[str, Ids]) -> tuple[Ids | None, list[str]]:
         unknown = [piece for piece in self.new if piece not in fresh]
@@ -94,7 +98,8 @@ class _PartialPy:
         found = list(self.found)
         for j, piece in zip(self.missing, self.new):
             found[j] = fresh[piece]
-        return join_py(found), []
+        ids = join_py(found)
+        return (_packed(ids) if self.packed else ids), []
 
 
 def lookup_py(text: str, kept: dict[str, Ids], words: dict[str, Ids]) -> tuple[list, list[int] | None,
@@ -124,11 +129,16 @@ def join_py(found: list[Ids]) -> Ids:
     return list(chain.from_iterable(found))
 
 
-def new_table(max_pieces: int, max_chars: int) -> PieceTable:
+def _packed(ids: Ids) -> bytes:
+    """``ids`` as the packed table answers them: uint32 bytes in native order."""
+    return array.array("I", ids).tobytes()
+
+
+def new_table(max_pieces: int, max_chars: int, *, packed: bool = False) -> PieceTable:
     """The C table where it was built, else ``PieceTablePy``."""
     if native_word_pieces is not None:
-        return native_word_pieces.PieceTable(max_pieces, max_chars)
-    return PieceTablePy(max_pieces, max_chars)
+        return native_word_pieces.PieceTable(max_pieces, max_chars, packed=packed)
+    return PieceTablePy(max_pieces, max_chars, packed=packed)
 
 
 NATIVE = native_word_pieces is not None

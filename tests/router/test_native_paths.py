@@ -6,6 +6,7 @@ Each runs where the install had a C compiler; here, where one is on PATH, the te
 
 from __future__ import annotations
 
+import array
 import hashlib
 import random
 import shutil
@@ -13,7 +14,8 @@ import shutil
 import pytest
 
 from sgl_moe.router.placement import block_tables
-from sgl_moe.router.request import block_hash, token_cuts, word_pieces
+from sgl_moe.router.request import block_hash, token_cuts, token_ids, word_pieces
+from sgl_moe.router.request.token_ids import TokenIds
 
 try:
     from sgl_moe.router.request import native_page_hash
@@ -27,7 +29,8 @@ needs_native = pytest.mark.skipif(not (block_hash.NATIVE and word_pieces.NATIVE 
 
 @pytest.mark.skipif(not HAVE_CC, reason="no C compiler on PATH: the Python references run, as they should")
 def test_the_extensions_were_built_where_a_compiler_is():
-    assert block_hash.NATIVE and word_pieces.NATIVE and block_tables.NATIVE and token_cuts.NATIVE, (
+    assert (block_hash.NATIVE and word_pieces.NATIVE and block_tables.NATIVE and token_cuts.NATIVE
+            and token_ids.NATIVE), (
         "a C compiler is on PATH but the install did not build the router's C extensions; rebuild with "
         "`bash tools/bootstrap.sh` (pip install -e . builds them) and read its build output")
 
@@ -97,6 +100,30 @@ def test_page_hash_chain_over_bytes_equals_the_chain_over_ids(backend):
 
 
 @needs_native
+def test_page_hash_chain_over_packed_ids_equals_the_chain_over_the_list():
+    """Ids packed as uint32 (``TokenIds``, a plain ``array`` of ``I`` as a slice of one gives, a memoryview of it)
+    are hashed from their buffer to the list's answer, partial page and seed alike; a buffer of another type (signed
+    ints, bytes) is read as a sequence of ints, as before."""
+    rng = random.Random("packed-ids")
+    for _ in range(300):
+        page = rng.choice([1, 3, 16, 64])
+        ids = [rng.choice([0, 2**31, 2**32 - 1, rng.randrange(2**32)]) for _ in range(rng.randrange(0, 300))]
+        seed = rng.choice([None, b"", block_hash.salt_seed("t"), b"z" * 32])
+        want = block_hash.block_hash_chain_py(ids, page, seed)
+        for packed in (TokenIds("I", ids), array.array("I", ids), memoryview(array.array("I", ids))):
+            got = native_page_hash.block_hash_chain(packed, page, seed)
+            assert got == want, (page, len(ids), seed, type(packed))
+            assert block_hash.block_hash_chain_py(packed, page, seed) == want
+            if len(ids) < page:
+                assert got[1] is seed
+    small = [rng.randrange(2**31) for _ in range(40)]
+    assert native_page_hash.block_hash_chain(array.array("i", small), 16) == block_hash.block_hash_chain_py(small, 16)
+    assert native_page_hash.block_hash_chain(bytes(range(32)), 16) == block_hash.block_hash_chain_py(range(32), 16)
+    with pytest.raises(OverflowError):
+        native_page_hash.block_hash_chain(array.array("i", [1, -1]), 2)
+
+
+@needs_native
 def test_portable_sha256_matches_hashlib_on_every_length_around_its_block_edges():
     """The portable SHA-256 through the chain's first page (no seed): lengths 4..260 bytes cross the 55/56/64-byte
     padding edges."""
@@ -146,47 +173,74 @@ def _pieces(text: str) -> list[str]:
     return re.findall(r" *[^ ]+| +", text)
 
 
-def _both(rng: random.Random, texts: list[str], share: float, max_pieces: int = 1_000_000):
+def _both(rng: random.Random, texts: list[str], share: float, max_pieces: int = 1_000_000, packed: bool = False):
     """The C table and the reference, each keeping the same ids for about ``share`` of the texts' pieces."""
     keep = {}
     for piece in sorted({p for t in texts for p in _pieces(t)}):
         if rng.random() < share:
             keep[piece] = [rng.randrange(50_000) for _ in range(rng.randint(0, 3))]
-    native = word_pieces.native_word_pieces.PieceTable(max_pieces, 64)
-    reference = word_pieces.PieceTablePy(max_pieces, 64)
+    native = word_pieces.native_word_pieces.PieceTable(max_pieces, 64, packed=packed)
+    reference = word_pieces.PieceTablePy(max_pieces, 64, packed=packed)
     native.keep(keep)
     reference.keep(keep)
     return native, reference
 
 
 def _ids(found):
+    """A lookup's or fill's ids as a list (a packed table's are uint32 bytes); "partial" for a partial lookup."""
+    if isinstance(found, bytes):
+        return array.array("I", found).tolist()
     return found if isinstance(found, list) else "partial"
 
 
+def _filled(answer):
+    ids, unknown = answer
+    return (None if ids is None else _ids(ids)), unknown
+
+
 @needs_native
+@pytest.mark.parametrize("packed", [False, True], ids=["lists", "packed"])
 @pytest.mark.parametrize("share", [1.0, 0.8, 0.2, 0.0])
-def test_piece_table_lookup_equals_the_python_reference(share):
+def test_piece_table_lookup_equals_the_python_reference(share, packed):
     """Same ids, same new pieces in the same order, same piece count, then the same ids with the new pieces given,
     for texts with runs of spaces at the start, inside and at the end, multi-byte characters, ZWJ sequences and
-    pieces longer than any kept one (70 characters: never kept)."""
+    pieces longer than any kept one (70 characters: never kept). A packed table answers every ids as the uint32
+    bytes of the list the other answers."""
     rng = random.Random(f"pieces-{share}")
     texts = _texts(rng, 3000)
-    native, reference = _both(rng, texts, share)
+    native, reference = _both(rng, texts, share, packed=packed)
     assert len(native) == len(reference)
     ids_of = {p: [rng.randrange(50_000) for _ in range(rng.randint(1, 3))] for t in texts for p in _pieces(t)}
     for text in texts:
         got, want = native.lookup(text), reference.lookup(text)
+        assert isinstance(got[0], bytes) == isinstance(want[0], bytes) == (packed and not got[1])
         assert (_ids(got[0]), *got[1:]) == (_ids(want[0]), *want[1:]), repr(text)
         assert got[2] == len(_pieces(text))
         if not got[1]:
-            assert got[0] == [i for p in _pieces(text) for i in (native.lookup(p)[0])]
+            assert _ids(got[0]) == [i for p in _pieces(text) for i in _ids(native.lookup(p)[0])]
             continue
         if len(got[1]) > 1:
             some = {p: ids_of[p] for p in got[1][::2]}  # half of them: the rest are reported unknown
             assert got[0].fill(some) == want[0].fill(some) == (None, got[1][1::2])
         all_of = {p: ids_of[p] for p in got[1]}
-        filled = got[0].fill(all_of)
-        assert filled == want[0].fill(all_of) and filled[1] == [], repr(text)
+        filled = _filled(got[0].fill(all_of))
+        assert filled == _filled(want[0].fill(all_of)) and filled[1] == [], repr(text)
+        if packed:
+            assert filled[0] == [i for p in _pieces(text) for i in (ids_of[p] if p in all_of
+                                                                     else _ids(native.lookup(p)[0]))]
+
+
+@needs_native
+def test_a_packed_fill_refuses_a_fresh_id_outside_uint32():
+    table = word_pieces.native_word_pieces.PieceTable(100, 64, packed=True)
+    table.keep({"a": [1]})
+    partial, new, _ = table.lookup("a b")
+    assert new == [" b"]
+    with pytest.raises(OverflowError):
+        partial.fill({" b": [2**32]})
+    with pytest.raises(OverflowError):
+        partial.fill({" b": [-1]})
+    assert partial.fill({" b": [2**32 - 1, 0]}) == (array.array("I", [1, 2**32 - 1, 0]).tobytes(), [])
 
 
 @needs_native

@@ -25,6 +25,7 @@ from sgl_moe.router.request.parsed_request import Namespace, ParsedRequest
 from sgl_moe.router.request.prefix_memo import PrefixMemo, ids_json, page_hashes
 from sgl_moe.router.request.router_tokenizer import RouterTokenizer
 from sgl_moe.router.request.token_cuts import CutRule
+from sgl_moe.router.request.token_ids import TokenIds
 from sgl_moe.worker.info import tokenizer_files
 
 from .test_router_tokenizer import DECLARED, GENERIC, MESSAGES, PROBES, variant_dir
@@ -153,12 +154,15 @@ def test_memo_ids_equal_a_whole_encode(name, tokenizers):
     for batch in (texts[i:i + rng.randint(1, 5)] for i in range(0, len(texts), 5)):
         ids, paths = memo.encode_batch(batch)
         assert ids == full(tok, batch), (name, batch)
+        assert all(type(p) is TokenIds for p in ids)  # packed, whether through a path, a hint or in one piece
         for p, path in zip(ids, paths):
             for page, seed in ((1, None), (4, None), (16, salt_seed("tenant"))):
-                assert page_hashes(path, p, page, seed) == block_hashes(p, page, seed)
+                assert page_hashes(path, p, page, seed) == block_hashes(p, page, seed) == block_hashes(
+                    list(p), page, seed)
     assert memo.stats.memo_ids > 300 and memo.stats.mismatches == 0
     assert memo.stats.hinted >= 5, f"{name}: {memo.stats.hinted} texts started at a hint"
-    assert tok.encode_batch(texts) == full(tok, texts)  # the tokenizer's own memo too
+    listed = tok.encode_batch(texts)
+    assert listed == full(tok, texts) and all(type(p) is list for p in listed)  # the tokenizer's own memo too
 
 
 @pytest.mark.parametrize("name", TOKENIZERS)
@@ -441,10 +445,10 @@ def test_ids_json_writes_the_ids_as_orjson_does(name, tokenizers):
             continue
         [ids], [path] = memo.encode_batch([text])
         reused += any(n.through_json for n in path)
-        assert ids_json(path, ids) == orjson.dumps(ids), (name, text)
+        assert ids_json(path, ids) == orjson.dumps(list(ids)), (name, text)
         body = {"input_ids": ids, "sampling_params": {"max_new_tokens": 1}, "rid": "r"}
         parsed = ParsedRequest("/generate", body, [ids], len(ids), Namespace(), True, False, 1, None, True, [path])
-        want = orjson.dumps({k: v for k, v in body.items() if k != "rid"})
+        want = orjson.dumps({"input_ids": list(ids), "sampling_params": {"max_new_tokens": 1}})
         assert Attempt.of("/generate", dict(body), {}, True, parsed.input_ids_json()).unnamed == want
     assert reused > 20, reused
 
@@ -458,10 +462,10 @@ def test_a_hints_ids_json_is_reused_and_goes_with_the_hint(tokenizers):
         ids_json(paths[0], ids[0])
     [hint] = memo._hints[prefix[:32]]
     deepest = hint.path[-1]
-    assert deepest.through_json == orjson.dumps(hint.ids)[:-1]
+    assert deepest.through_json == orjson.dumps(list(hint.ids))[:-1]
     deepest.through_json = b"[7"  # what a hinted text's JSON starts from: a wrong text would show
     ids, paths = memo.encode_batch([prefix + " tail number 99"])
     assert ids_json(paths[0], ids[0]).startswith(b"[7,")
     memo._drop_hint(memo._hints[prefix[:32]].pop())
     assert deepest.hint_refs == 0 and deepest.through_json is None
-    assert ids_json(paths[0], ids[0]) == orjson.dumps(ids[0])  # no hint left on the path: written whole
+    assert ids_json(paths[0], ids[0]) == orjson.dumps(list(ids[0]))  # no hint left on the path: written whole
