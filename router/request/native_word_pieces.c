@@ -102,24 +102,9 @@ static inline uint64_t mix(uint64_t h) {
     return h ^ (h >> 33);
 }
 
-static uint64_t hash_bytes(const char *s, size_t n, uint64_t seed) {
-    uint64_t h = seed ^ (n * 0x9e3779b97f4a7c15ULL);
-    while (n >= 8) {
-        uint64_t w;
-        memcpy(&w, s, 8);
-        h = mix(h ^ w);
-        s += 8;
-        n -= 8;
-    }
-    uint64_t w = 0;
-    memcpy(&w, s, n);
-    h = mix(h ^ w ^ ((uint64_t)n << 56));
-    return h | 1; /* never 0: 0 marks an empty slot */
-}
-
-/* ``hash_bytes(s, n, seed)`` for a piece that lies in a text ending at ``end``: its last partial word read as one
-   8-byte load and masked where 8 bytes are there to read (most pieces; not the text's last few), which is the value
-   ``hash_bytes``' copy of the tail gives without a call to ``memcpy`` per piece. */
+/* The hash of the n bytes at s, which lie in a text ending at ``end``: eight bytes a step, the last partial word read
+   as one 8-byte load and masked where 8 bytes are there to read (most pieces; not the text's last few), else copied
+   (the same value either way: the first bytes are the low ones). Never 0: 0 marks an empty slot. */
 static inline uint64_t hash_piece(const char *s, size_t n, const char *end, uint64_t seed) {
     uint64_t h = seed ^ (n * 0x9e3779b97f4a7c15ULL);
     while (n >= 8) {
@@ -142,6 +127,8 @@ static inline uint64_t hash_piece(const char *s, size_t n, const char *end, uint
     h = mix(h ^ w ^ ((uint64_t)n << 56));
     return h | 1;
 }
+
+static uint64_t hash_bytes(const char *s, size_t n, uint64_t seed) { return hash_piece(s, n, s + n, seed); }
 
 /* The index of the first space at ``i`` or after, or ``n``: eight bytes a step (a zero byte of ``word ^ 0x20..20``
    is a space), then byte by byte. */
