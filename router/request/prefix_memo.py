@@ -52,7 +52,7 @@ import orjson
 
 from sgl_moe.router.request.block_hash import BlockHash, block_hash_chain
 from sgl_moe.router.request.token_cuts import CutRule
-from sgl_moe.router.request.token_ids import TokenIds, json_text
+from sgl_moe.router.request.token_ids import TokenIds, json_text, packed
 
 log = logging.getLogger("sgl_moe.router.tokenizer")
 
@@ -338,7 +338,7 @@ class PrefixMemo:
         if not plan.path and len(plan.to_encode) == 1:  # nothing memoised, nothing to memoise: one whole piece
             own = encoded[0]
             if not (self.prefix or self.suffix):
-                return (own if type(own) is TokenIds else TokenIds("I", own)), ()
+                return packed(own), ()
             ids = TokenIds("I", self.prefix)
             ids.extend(own)
             ids.extend(self.suffix)
