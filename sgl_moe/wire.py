@@ -53,6 +53,10 @@ KV_EVENTS_PORT_OFFSET = 1000
 """The worker's KV-event publisher binds port + 1000 (+ DP rank)."""
 REPLAY_PORT_OFFSET = 2000
 """The publisher's replay endpoint binds port + 2000 (+ DP rank)."""
+NCCL_PORT_OFFSET = -1000
+"""torch.distributed's rendezvous (SGLang's ``--nccl-port``) binds port - 1000 unless the user gives one: SGLang's
+own choice is a random port in 22,000-29,999, the band where a worker's KV-event ports lie when its port is below
+28,000, and it once took its own worker's replay port."""
 
 # -- KV-event publishers --------------------------------------------------------------------------------------------
 KV_EVENTS_PUBLISHERS = ("zmq", "sgl_moe_curve")

@@ -20,7 +20,7 @@ from typing import Any
 
 import httpx
 
-from sgl_moe.wire import KV_EVENTS_PORT_OFFSET, REPLAY_PORT_OFFSET
+from sgl_moe.wire import KV_EVENTS_PORT_OFFSET, NCCL_PORT_OFFSET, REPLAY_PORT_OFFSET
 from sgl_moe.worker.preflight import port_free
 
 
@@ -40,19 +40,31 @@ the port or its KV-event ports when the worker binds them."""
 EVENT_PORT_OFFSETS = tuple(base + rank for base in (KV_EVENTS_PORT_OFFSET, REPLAY_PORT_OFFSET) for rank in range(4))
 """``launch_server`` publishes KV events on the worker's port + 1000 and replays on + 2000, plus the DP rank
 (up to 4 ranks checked)."""
+DERIVED_PORT_OFFSETS = (*EVENT_PORT_OFFSETS, NCCL_PORT_OFFSET)
+"""Every port ``launch_server`` binds besides the worker's own: the KV-event ports and the distributed rendezvous
+(port - 1000, bound on every interface)."""
+
+_handed_out: set[int] = set()
+"""Ports this process has handed to a worker, with their derived ports: a worker still starting has bound none of
+them yet, so the next pick must not take one."""
 
 
 def free_worker_port(host: str = "127.0.0.1", attempts: int = 200) -> int:
-    """A port for a worker whose KV-event ports (``EVENT_PORT_OFFSETS``) are free too.
+    """A port for a worker whose derived ports (``DERIVED_PORT_OFFSETS``) are free too, none of them handed to
+    another worker of this process.
 
     ``free_port`` alone took an ephemeral port, and its + 1000 was sometimes another worker's, or a client
     connection's (CI: "KV-event port(s) 43589 ... are in use" failed a fixture's start-up)."""
     rng = random.Random()
     for _ in range(attempts):
         port = rng.choice(WORKER_PORTS)
-        if all(port_free(host, port + off) for off in (0, *EVENT_PORT_OFFSETS)):
+        ports = {port + off for off in (0, *DERIVED_PORT_OFFSETS)}
+        if ports & _handed_out:
+            continue
+        if all(port_free(host, p) for p in ports) and port_free("0.0.0.0", port + NCCL_PORT_OFFSET):
+            _handed_out.update(ports)
             return port
-    raise WorkerStartError(f"no free worker port (with its KV-event ports) in {WORKER_PORTS} after {attempts} tries")
+    raise WorkerStartError(f"no free worker port (with its derived ports) in {WORKER_PORTS} after {attempts} tries")
 
 
 def stop_process_group(proc: subprocess.Popen | None, sig: int, grace: float) -> None:

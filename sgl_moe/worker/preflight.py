@@ -16,6 +16,7 @@ from sgl_moe.wire import (
     KV_EVENTS_CURVE_PUBLISHER,
     KV_EVENTS_PORT_OFFSET,
     KV_EVENTS_PUBLISHERS,
+    NCCL_PORT_OFFSET,
     PREDICTOR_DIR,
     REPLAY_PORT_OFFSET,
     kv_event_endpoints,
@@ -65,6 +66,19 @@ def event_ports(host: str, port: int, dp: int) -> tuple[int, int]:
         raise LaunchError(f"KV-event port(s) {', '.join(map(str, busy))} (worker port + {KV_EVENTS_PORT_OFFSET} / "
                           f"+ {REPLAY_PORT_OFFSET}) are in use; pick another --port or pass --kv-events-config")
     return events, replay
+
+
+def nccl_port(port: int) -> int:
+    """The port torch.distributed's rendezvous binds (SGLang's ``--nccl-port``) when the user gives none: the
+    worker's port - 1000, free on every IPv4 interface (the TCPStore binds the wildcard)."""
+    nccl = port + NCCL_PORT_OFFSET
+    if nccl < 1024:
+        raise LaunchError(f"--port {port} leaves no room for the distributed rendezvous port (port - "
+                          f"{-NCCL_PORT_OFFSET}); use a higher port or pass --nccl-port")
+    if not port_free("0.0.0.0", nccl):
+        raise LaunchError(f"port {nccl} (worker port - {-NCCL_PORT_OFFSET}, for the distributed rendezvous) is in "
+                          "use; pick another --port or pass --nccl-port")
+    return nccl
 
 
 def check_model_path(model_path: str) -> None:
@@ -183,6 +197,8 @@ def with_defaults(argv: ArgvView, moe: MoeArgs | None = None) -> ArgvView:
         argv = argv.plus("--model-path", str(DEFAULT_MODEL_DIR))
     if not argv.has("--page-size"):
         argv = argv.plus("--page-size", str(DEFAULT_PAGE_SIZE))
+    if not argv.has("--nccl-port"):
+        argv = argv.plus("--nccl-port", str(nccl_port(argv.int_value("--port", default=DEFAULT_PORT))))
     return kv_events_defaults(argv, moe if moe is not None else MoeArgs())
 
 

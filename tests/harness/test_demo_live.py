@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from sgl_moe.harness.worker_process import EVENT_PORT_OFFSETS, WORKER_PORTS
+from sgl_moe.harness.worker_process import DERIVED_PORT_OFFSETS, WORKER_PORTS
 from sgl_moe.worker.preflight import port_free
 
 pytestmark = pytest.mark.worker
@@ -26,7 +26,7 @@ WORKERS = 2
 def _free_demo_port() -> int:
     """A router port whose next ``WORKERS`` ports (the demo's workers) and their KV-event ports are free."""
     for port in range(WORKER_PORTS.start + 1500, WORKER_PORTS.stop - WORKERS - 1, 7):
-        ports = [port, *(port + 1 + i + off for i in range(WORKERS) for off in (0, *EVENT_PORT_OFFSETS))]
+        ports = [port, *(port + 1 + i + off for i in range(WORKERS) for off in (0, *DERIVED_PORT_OFFSETS))]
         if all(port_free("127.0.0.1", p) for p in ports):
             return port
     pytest.fail("no free port block for the demo")

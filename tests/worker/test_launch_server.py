@@ -131,6 +131,41 @@ def test_neighbouring_workers_get_disjoint_event_ports():
                      f"tcp://127.0.0.1:{base + 1001}", f"tcp://127.0.0.1:{base + 2001}"]
 
 
+def test_the_distributed_rendezvous_port_is_the_workers_port_minus_1000_unless_given():
+    argv = with_defaults(["--port", "25123"])
+    assert argv[argv.index("--nccl-port") + 1] == "24123"
+    given = with_defaults(["--port", "25123", "--nccl-port=25999"])
+    assert "--nccl-port" not in given and "--nccl-port=25999" in given
+
+
+def test_a_busy_rendezvous_port_is_one_line():
+    with socket.socket() as s:
+        s.bind(("0.0.0.0", 0))
+        s.listen()
+        held = s.getsockname()[1]
+        if held + 1000 + 2000 > 65535:
+            pytest.skip("the kernel gave a port too high to derive a worker port from")
+        _one_line_error(_launch("--port", str(held + 1000)), f"port {held} (worker port - 1000")
+
+
+def test_sglang_takes_the_launchers_rendezvous_port_not_its_own_draw(monkeypatch):
+    """SGLang 0.5.23 with no --nccl-port draws one at random from 22,000-29,999 and once drew its own worker's
+    KV-event replay port (the worker died binding it). Its draw forced onto the replay port: the port SGLang
+    uses is still the launcher's."""
+    from sglang.srt import server_args as sglang_args
+
+    from sgl_moe.worker.platform import apply_platform
+
+    port = 25123
+    _, argv = apply_platform(ArgvView(with_defaults(["--port", str(port)])))
+    monkeypatch.setattr(sglang_args, "get_free_port_below_ephemeral", lambda *a, **k: port + 2000)
+    parsed = sglang_args.prepare_server_args(list(argv))
+    assert sglang_args.PortArgs.init_new(parsed).nccl_port == port - 1000
+    # The same draw without the launcher's flag lands on the replay port: the case this guards against.
+    bare = sglang_args.prepare_server_args([a for a in argv if a not in ("--nccl-port", str(port - 1000))])
+    assert sglang_args.PortArgs.init_new(bare).nccl_port == port + 2000
+
+
 def test_streaming_on_a_gpu_refuses_cuda_graphs(monkeypatch):
     """On a GPU, per-layer buffer swaps and CUDA graphs cannot work together: refused before SGLang starts."""
     ENV_VAR = RUNTIME_ENV_VAR
