@@ -8,6 +8,7 @@ import sys
 import uvloop
 from aiohttp import web
 
+from sgl_moe.router import compiled_modules
 from sgl_moe.router.config import RouterConfig
 from sgl_moe.router.front.front_processes import FrontSockets, FrontStartError
 from sgl_moe.router.front.http_server import serve
@@ -31,6 +32,7 @@ def main(argv: list[str] | None = None) -> int:
     log.info("router on http://%s:%d, policy %s, %d worker URL(s)", cfg.host, cfg.port, cfg.policy,
              len(cfg.worker_urls))
     log.info("%s", native_loops())
+    log.info("%s", compiled_modules.summary())
     tune_gc()
     try:
         # keepalive_timeout also closes a connection that has not sent a complete request head in time (aiohttp's

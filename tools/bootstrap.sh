@@ -70,25 +70,27 @@ elif [ ! -e .venv/.sgl_moe-python-checked ]; then  # once per .venv: a few secon
     touch .venv/.sgl_moe-python-checked
 fi
 
+# A strict editable install links each module file and builds the C extensions (pyproject's ext-modules) and the
+# compiled router modules (setup.py); relink when modules are added or removed, rebuild when a C source or setup.py
+# changes. A router module edited since its build runs from its source (sgl_moe.router.compiled_modules) until then.
+mods_stamp=.venv/.sgl_moe-modules
+mods_hash=$( { find sgl_moe router patches loadtest -type f \( -name '*.py' -o -path '*/models/*' \) -not -path '*/__pycache__/*' \
+    | sort; find sgl_moe router -name '*.c' | sort | xargs cat; cat setup.py; } | sha256sum | cut -d' ' -f1)
+
 deps_stamp=.venv/.sgl_moe-deps
 deps_hash=$(cat pyproject.toml tools/constraints.txt | sha256sum | cut -d' ' -f1)
 if [ "$(cat "$deps_stamp" 2>/dev/null)" != "$deps_hash" ]; then
-    echo "[bootstrap] installing sgl_moe and pinned dependencies (first time: ~6 min, ~11 GB)"
+    echo "[bootstrap] installing sgl_moe and pinned dependencies (first time: ~8 min, ~11 GB)"
     progress=on; [ -n "${CI:-}" ] && progress=off
     .venv/bin/python -m pip install --quiet --upgrade pip==25.3
     .venv/bin/python -m pip install --progress-bar "$progress" -c tools/constraints.txt \
         -e ".[test]" --config-settings editable_mode=strict
     echo "$deps_hash" > "$deps_stamp"
-    rm -f .venv/.sgl_moe-modules
+    echo "$mods_hash" > "$mods_stamp"  # that install linked and built them too
 fi
 
-# A strict editable install links each module file and builds the C extensions (pyproject's ext-modules); relink
-# when modules are added or removed, rebuild when a C source changes.
-mods_stamp=.venv/.sgl_moe-modules
-mods_hash=$( { find sgl_moe router patches loadtest -type f \( -name '*.py' -o -path '*/models/*' \) -not -path '*/__pycache__/*' \
-    | sort; find sgl_moe router -name '*.c' | sort | xargs cat; } | sha256sum | cut -d' ' -f1)
 if [ "$(cat "$mods_stamp" 2>/dev/null)" != "$mods_hash" ]; then
-    echo "[bootstrap] relinking the editable install (module list or C sources changed)"
+    echo "[bootstrap] relinking the editable install (module list, C sources or setup.py changed; ~2 min)"
     .venv/bin/python -m pip install --quiet --no-deps -e . --config-settings editable_mode=strict 2>/dev/null
     echo "$mods_hash" > "$mods_stamp"
 fi

@@ -60,7 +60,7 @@ class PieceCache:
         """Finds a space after a character BPE may merge it with."""
         self._added = by_first_char(added)
         """The added tokens' contents by their first character (``holds_any``)."""
-        self._reach = max([2, *map(len, added)])
+        self._reach = max(2, max(map(len, added), default=0))
         """Characters of the longest pattern ``cuttable`` looks for (a joiner and its space, an added token)."""
         self._ascii_only = ascii_only
         self._known = known
