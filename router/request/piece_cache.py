@@ -32,6 +32,7 @@ large bodies in a thread so that its event loop keeps answering meanwhile, which
 from __future__ import annotations
 
 import re
+import time
 from collections.abc import Callable
 
 from sgl_moe.router.request.token_cuts import CutRule
@@ -101,7 +102,11 @@ class PieceCache:
         if len(text) <= CHUNK_CHARS:
             return self._cuttable(text)
         over = self._reach - 1  # a pattern starting in one run ends within ``over`` characters of its end
-        return all(self._cuttable(text[a:a + CHUNK_CHARS + over]) for a in range(0, len(text), CHUNK_CHARS))
+        for a in range(0, len(text), CHUNK_CHARS):
+            if not self._cuttable(text[a:a + CHUNK_CHARS + over]):
+                return False
+            _hand_over_the_gil()
+        return True
 
     def _cuttable(self, text: str) -> bool:
         if self._ascii_only and not text.isascii():
@@ -126,6 +131,7 @@ class PieceCache:
             ids = TokenIds("I")
             for run in _runs(texts[i]):
                 ids.extend(self._encode([run], [True])[0])
+                _hand_over_the_gil()
             out[i] = ids
         return out
 
@@ -216,6 +222,13 @@ def holds_any(text: str, by_first: dict[str, tuple[str, ...]]) -> bool:
 
 
 _SPACES = re.compile(" +")
+
+
+def _hand_over_the_gil() -> None:
+    """Let a thread waiting for the GIL (the event loop, while a large body is parsed in a thread) run now. The
+    interpreter hands the GIL over every 5 ms between bytecodes; this module compiled (``setup.py``) runs none, so a
+    4 MB text's runs would hold it for a second (``/health`` answered in 0.92 s, tests/live/test_hardening_live.py)."""
+    time.sleep(0)
 
 
 def _runs(text: str) -> list[str]:
