@@ -16,8 +16,11 @@ so a shared prefix is hashed once too.
 One text in ``check_every`` is also encoded whole and compared: a difference turns the memo off for good (the
 tokenizer then encodes every text whole), logged once and counted. The interval doubles after every
 ``CHECKS_PER_DOUBLING`` clean checks, up to ``check_every_max``: a memo that has agreed with the whole encode
-many times is checked less often (at 2,000 tokens a whole encode costs about 30 times a memoised one, so one text
-in 64 checked forever was about 4% of the router's CPU; one in 1,024 is a quarter of a percent).
+many times is checked less often. The interval is a CPU budget: at 2,000 tokens on a shared prefix one whole encode
+costs the instructions of about 11 whole requests through the router (callgrind, 2026-11-30), so one text in 256
+is about 4% of the router's CPU at first and one in 4,096, reached after about 123,000 clean texts, a quarter of a
+percent. (It started at one in 64 when that was 4%; the router's own cost per request has since fallen about
+fourfold and the whole encode's has not, so one in 64 had grown to 17%.)
 
 Nodes are dropped least recently used first once they hold more than ``budget_tokens`` ids, down to
 ``EVICT_TO`` of it in one pass. A text's use stamps only the deepest node of its path (one integer, whatever the
@@ -67,9 +70,9 @@ EVICT_TO = 0.9
 """Share of ``budget_tokens`` an eviction pass leaves (a pass walks every node, so it frees a tenth at once)."""
 GHOSTS = 65_536
 """Segments remembered as seen once (a hash each) before they become nodes on a second sight."""
-CHECK_EVERY = 64
+CHECK_EVERY = 256
 """One text in this many is also encoded whole and compared, at first."""
-CHECK_EVERY_MAX = 1024
+CHECK_EVERY_MAX = 4096
 """The longest the check interval grows."""
 CHECKS_PER_DOUBLING = 32
 """Clean checks at one interval before it doubles."""
