@@ -46,8 +46,22 @@ class BuildExt(build_ext):
         if hasattr(self, "cython_directives"):
             self.cython_directives = dict(CYTHON_DIRECTIVES)
             self.cython_c_in_temp = True
+            self.cython_include_dirs = [*(self.cython_include_dirs or []), str(self._package_view())]
         if not self.parallel:
             self.parallel = os.cpu_count() or 1
+
+    def _package_view(self) -> Path:
+        """A folder where ``sgl_moe/router`` is ``router/``, for Cython to find a module's augmenting ``.pxd``
+        (``router/placement/scheduler.pxd`` beside ``scheduler.py``): it looks one up by the module's full name,
+        ``sgl_moe.router.placement.scheduler``, and the package maps ``sgl_moe.router`` to ``router/``."""
+        view = Path(self.build_temp).resolve() / "cython_package_view"
+        package = view / "sgl_moe"
+        package.mkdir(parents=True, exist_ok=True)
+        (package / "__init__.py").touch()
+        link = package / "router"
+        if not link.is_symlink():
+            link.symlink_to(ROOT / "router", target_is_directory=True)
+        return view
 
 
 setup(ext_modules=compiled_modules(), cmdclass={"build_ext": BuildExt})

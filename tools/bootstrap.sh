@@ -71,11 +71,11 @@ elif [ ! -e .venv/.sgl_moe-python-checked ]; then  # once per .venv: a few secon
 fi
 
 # A strict editable install links each module file and builds the C extensions (pyproject's ext-modules) and the
-# compiled router modules (setup.py); relink when modules are added or removed, rebuild when a C source or setup.py
-# changes. A router module edited since its build runs from its source (sgl_moe.router.compiled_modules) until then.
+# compiled router modules (setup.py); relink when modules are added or removed, rebuild when a C source, a .pxd or
+# setup.py changes. A router module edited since its build runs from its source (sgl_moe.router.compiled_modules) until then.
 mods_stamp=.venv/.sgl_moe-modules
 mods_hash=$( { find sgl_moe router patches loadtest -type f \( -name '*.py' -o -path '*/models/*' \) -not -path '*/__pycache__/*' \
-    | sort; find sgl_moe router -name '*.c' | sort | xargs cat; cat setup.py; } | sha256sum | cut -d' ' -f1)
+    | sort; find sgl_moe router \( -name '*.c' -o -name '*.pxd' \) | sort | xargs cat; cat setup.py; } | sha256sum | cut -d' ' -f1)
 
 deps_stamp=.venv/.sgl_moe-deps
 deps_hash=$(cat pyproject.toml tools/constraints.txt | sha256sum | cut -d' ' -f1)
@@ -90,7 +90,7 @@ if [ "$(cat "$deps_stamp" 2>/dev/null)" != "$deps_hash" ]; then
 fi
 
 if [ "$(cat "$mods_stamp" 2>/dev/null)" != "$mods_hash" ]; then
-    echo "[bootstrap] relinking the editable install (module list, C sources or setup.py changed; ~2 min)"
+    echo "[bootstrap] relinking the editable install (module list, C sources, .pxd files or setup.py changed; ~3 min)"
     .venv/bin/python -m pip install --quiet --no-deps -e . --config-settings editable_mode=strict 2>/dev/null
     echo "$mods_hash" > "$mods_stamp"
 fi

@@ -1,0 +1,5 @@
+cdef class FastPath:
+    cdef dict __dict__
+    cdef public object cfg
+    cdef public object index
+    cdef public object policy

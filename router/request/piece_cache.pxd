@@ -1,0 +1,13 @@
+cdef class PieceCache:
+    cdef dict __dict__
+    cdef public object _encode_plain
+    cdef public object _encode_new
+    cdef public object _joined
+    cdef public object _added
+    cdef public object _reach
+    cdef public object _ascii_only
+    cdef public object _known
+    cdef public object _table
+    cdef public object hits
+    cdef public object misses
+    cdef public object whole
