@@ -1,3 +1,6 @@
+# Compiled, LoadOrder is an extension type (setup.py, Cython): its methods read the attributes declared here as struct
+# fields instead of looking each up by name. The .py beside this file is the source of its behaviour; an attribute
+# not declared here lives in the instance __dict__ as before.
 cdef class LoadOrder:
     cdef dict __dict__
     cdef public object key
