@@ -6,7 +6,8 @@ bytecode loop (9.5% fewer instructions a shared-prefix request for the whole rou
 request path"). Python semantics are kept: annotations are not types (``annotation_typing`` off), so a module
 behaves as its source does. Optional: without Cython or a C compiler the install goes on and the sources run;
 ``sgl_moe.router.compiled_modules`` runs a module's source instead of its compiled form when the source is newer
-(an edit since the build) and says which at the router's start.
+(an edit since the build) and says which at the router's start. A ``.pxd`` beside a module (``scheduler.pxd``)
+declares one of its classes an extension type whose attributes the compiled methods read as struct fields.
 """
 
 from __future__ import annotations
