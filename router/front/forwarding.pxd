@@ -6,7 +6,6 @@ cdef class Forwarder:
     cdef public object client
     cdef public object session
     cdef public object release
-    cdef public object note_cached
     cdef public object abort_timeout_s
     cdef public object aborts
     cdef public object abort_failures

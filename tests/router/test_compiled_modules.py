@@ -89,3 +89,25 @@ def test_the_finder_leaves_other_packages_and_c_extensions_to_the_normal_import(
     parent = sys.modules["sgl_moe.router.request"]
     assert finder.find_spec("sgl_moe.router.request.native_page_hash", parent.__path__) is None
     assert native_page_hash.__file__.endswith(tuple(importlib.machinery.EXTENSION_SUFFIXES))
+
+
+@pytest.mark.skipif(not HAVE_CC, reason="no C compiler on PATH: the sources run, as they should")
+def test_every_pxd_class_is_an_extension_type_once_compiled():
+    """A ``.pxd`` that Cython does not find (looked up by the module's full name) or a module it then fails to build
+    is dropped without a word; where a compiler is, each declared class must come out an extension type whose
+    declared attributes are slots."""
+    import re
+
+    root = Path(compiled_modules.__file__).resolve().parent
+    pxds = sorted(root.glob("*/*.pxd"))
+    assert pxds
+    for pxd in pxds:
+        text = pxd.read_text()
+        name = f"sgl_moe.router.{pxd.parent.name}.{pxd.stem}"
+        module = importlib.import_module(name)
+        if name in compiled_modules.stale():
+            continue  # edited since the build: runs from its source (the test above covers the build itself)
+        for cls, body in re.findall(r"cdef class (\w+):\n((?:    .*\n)+)", text):
+            for attr in re.findall(r"cdef public object (\w+)", body):
+                kind = type(getattr(module, cls).__dict__.get(attr)).__name__
+                assert kind == "getset_descriptor", (name, cls, attr, kind, module.__file__)
