@@ -243,13 +243,12 @@ def main(argv: list[str] | None = None) -> int:
     tokenizer = AutoTokenizer.from_pretrained(str(DEFAULT_MODEL_DIR))
     worker = None
     if args.worker_url is None:
-        from sgl_moe.harness.worker_process import WorkerProcess, WorkerStartError
+        from sgl_moe.harness.worker_process import WorkerProcess, WorkerStartError, printed_progress
 
         log = Path(tempfile.mkdtemp(prefix="worker-front-cpu-")) / "worker.log"
         worker = WorkerProcess(log_path=log, args=["--no-moe-theta-profile"], threads=args.threads).start()
         try:
-            worker.wait_ready(timeout=600, progress=lambda s: print(f"  waiting for the worker ({s:.0f} s)",
-                                                                  file=sys.stderr, flush=True))
+            worker.wait_ready(timeout=600, progress=printed_progress("waiting for the worker", sys.stderr))
         except WorkerStartError as exc:
             print(f"error: {exc}", file=sys.stderr)
             return 1

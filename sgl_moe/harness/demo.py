@@ -18,7 +18,7 @@ from pathlib import Path
 
 import httpx
 
-from sgl_moe.harness.worker_process import WorkerProcess, WorkerStartError, cpu_share, stop_all
+from sgl_moe.harness.worker_process import WorkerProcess, WorkerStartError, cpu_share, printed_progress, stop_all
 from sgl_moe.wire import TOKENIZER_PATH
 
 SHARED_PREFIX = '"""Utilities for working with files and paths."""\n\nimport os\nimport sys\n\n\n'
@@ -136,7 +136,7 @@ def main(argv: list[str] | None = None) -> int:
             w.start()
         infos = []
         for w in workers:
-            infos.append(w.wait_ready(progress=lambda s: print(f"  ... still starting ({s:.0f} s)", flush=True)))
+            infos.append(w.wait_ready(progress=printed_progress("... still starting")))
             print(f"  worker {w.url} ready in {w.ready_seconds:.0f} s, {w.rss_bytes() / 2**30:.1f} GiB resident")
         router = RouterProcess(log_path=args.logs / "demo-router.log", worker_urls=[w.url for w in workers],
                                port=args.port)

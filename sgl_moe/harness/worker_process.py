@@ -16,11 +16,12 @@ from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 import httpx
 
 from sgl_moe.wire import KV_EVENTS_PORT_OFFSET, NCCL_PORT_OFFSET, REPLAY_PORT_OFFSET
+from sgl_moe.worker.args import MoeArgs
 from sgl_moe.worker.preflight import port_free
 
 
@@ -133,31 +134,42 @@ class WorkerProcess:
         except OSError:
             return "(no log)"
 
-    def wait_ready(self, timeout: float = 300.0, progress: Callable[[float], None] | None = None) -> dict[str, Any]:
-        """Block until the worker answers /health and /sgl_moe/info, its Θ profile done; return the info."""
+    def wait_ready(self, timeout: float | None = None, progress: Callable[[float, str], None] | None = None,
+                   note_every_s: float = 10.0) -> dict[str, Any]:
+        """Block until the worker answers /health and /sgl_moe/info, its Θ profile done; return the info.
+
+        ``timeout`` (None: ``ready_timeout_s(self.args)``, the longest the worker itself may take); ``progress``
+        is called every ``note_every_s`` with the seconds since start and what the worker says it is doing (its
+        503 ``/health`` body's ``detail``, e.g. a Θ profile waiting for a quiet host; "" before it answers)."""
         assert self.proc is not None, "start() first"
+        timeout = ready_timeout_s(self.args) if timeout is None else timeout
         deadline = time.time() + timeout
-        last_note = 0.0
+        last_note = time.time()
+        status = ""
         with httpx.Client(timeout=5.0) as client:
             while time.time() < deadline:
                 if self.proc.poll() is not None:
                     raise WorkerStartError(f"worker exited with status {self.proc.returncode} during start-up; "
                                            f"log {self.log_path}:\n{self.log_tail()}")
                 try:
-                    if client.get(f"{self.url}/health").status_code == 200:
+                    health = client.get(f"{self.url}/health")
+                    if health.status_code == 200:
                         info = client.get(f"{self.url}/sgl_moe/info")
                         # Ready once its Θ profile (start-up requests of its own) has ended.
                         if info.status_code == 200 and info.json().get("saturation", {}).get("state") != "calibrating":
                             self.ready_seconds = time.time() - self.started_at
                             return info.json()
+                    else:
+                        status = _detail(health) or status
                 except httpx.TransportError:
                     pass
-                if progress and time.time() - last_note >= 10:
+                if progress and time.time() - last_note >= note_every_s:
                     last_note = time.time()
-                    progress(time.time() - self.started_at)
+                    progress(time.time() - self.started_at, status)
                 time.sleep(0.5)
         self.stop()
-        raise WorkerStartError(f"worker not ready after {timeout:.0f} s; log {self.log_path}:\n{self.log_tail()}")
+        raise WorkerStartError(f"worker not ready after {timeout:.0f} s (last said: {status or 'nothing'}); log "
+                               f"{self.log_path}:\n{self.log_tail()}")
 
     def rss_bytes(self) -> int:
         """Resident memory of the worker and all its children (SGLang runs three processes)."""
@@ -182,6 +194,45 @@ class WorkerProcess:
 
     def __exit__(self, *exc) -> None:
         self.stop()
+
+
+START_ALLOWANCE_S = 240.0
+"""What a CPU worker takes to start before its Θ profile (SGLang's load and warm-up; about a minute on the 2-core VM),
+with room for a busy host."""
+
+
+def ready_timeout_s(worker_args: list[str]) -> float:
+    """The longest a worker started with ``worker_args`` may take to become ready: its start, then its Θ profile up to
+    ``--moe-calibration-timeout-s`` (which keeps a fallback Θ when the host stays busy, rather than failing)."""
+    calibration = MoeArgs().calibration_timeout_s
+    for i, arg in enumerate(worker_args):
+        value = arg.partition("=")[2] if arg.startswith("--moe-calibration-timeout-s=") else (
+            worker_args[i + 1] if arg == "--moe-calibration-timeout-s" and i + 1 < len(worker_args) else None)
+        if value is not None:
+            try:
+                calibration = float(value)
+            except ValueError:
+                pass  # the worker refuses it at start
+    return START_ALLOWANCE_S + calibration
+
+
+def printed_progress(label: str, file: TextIO | None = None) -> Callable[[float, str], None]:
+    """A ``wait_ready`` progress that prints ``  <label> (<seconds> s): <what the worker says>`` to ``file``
+    (stdout by default)."""
+
+    def progress(seconds: float, status: str) -> None:
+        print(f"  {label} ({seconds:.0f} s){': ' + status if status else ''}", file=file or sys.stdout, flush=True)
+
+    return progress
+
+
+def _detail(health: httpx.Response) -> str:
+    """What a starting worker's 503 ``/health`` says it is doing (``readiness.ReadinessGate``), or ""."""
+    try:
+        body = health.json()
+    except ValueError:
+        return ""
+    return str(body.get("detail") or "") if isinstance(body, dict) else ""
 
 
 def stop_all(workers: Iterable[WorkerProcess]) -> None:

@@ -17,7 +17,7 @@ from pathlib import Path
 import httpx
 
 from sgl_moe.harness.router_client import metric
-from sgl_moe.harness.worker_process import WorkerProcess, cpu_share
+from sgl_moe.harness.worker_process import WorkerProcess, cpu_share, printed_progress
 from sgl_moe.policy_bench.bench_model import MODELS, model_args
 from sgl_moe.policy_bench.driver import run_stream
 from sgl_moe.policy_bench.report import summarize, table, targets
@@ -53,7 +53,7 @@ def start_workers(n: int, log_dir: Path, extra: list[str]) -> list[WorkerProcess
                for i in range(n)]
     t0 = time.time()
     for w in workers:
-        w.wait_ready(timeout=900, progress=lambda s: print(f"  waiting for workers ({s:.0f} s)", file=sys.stderr))
+        w.wait_ready(timeout=900, progress=printed_progress("waiting for workers", sys.stderr))
     print(f"{n} workers ready in {time.time() - t0:.0f} s", file=sys.stderr)
     return workers
 

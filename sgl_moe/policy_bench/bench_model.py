@@ -217,15 +217,14 @@ def main(argv: list[str] | None = None) -> int:
     if not args.fit:
         return 0
     model_args = ["--model-path", str(path)] if args.shipped else worker_args(path)
-    from sgl_moe.harness.worker_process import WorkerProcess
+    from sgl_moe.harness.worker_process import WorkerProcess, printed_progress
 
     log_dir = Path(tempfile.mkdtemp(prefix="bench-model-fit-"))
     # Θ pinned: the worker's own throughput profile would take a minute and is not what is fitted here.
     worker = WorkerProcess(log_path=log_dir / "worker.log", threads=args.threads,
                            args=[*model_args, "--moe-saturation-flops", "1e15"]).start()
     try:
-        worker.wait_ready(timeout=900, progress=lambda s: print(f"  waiting for the worker ({s:.0f} s)",
-                                                                file=sys.stderr))
+        worker.wait_ready(timeout=900, progress=printed_progress("waiting for the worker", sys.stderr))
         vocab = json.loads((path / "config.json").read_text())["vocab_size"]
         result = step_fit(worker.url, FIT_BATCHES, vocab)
     finally:

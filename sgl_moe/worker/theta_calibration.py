@@ -284,10 +284,14 @@ class ThroughputCalibrator(Calibrator):
         for c in levels:  # warm-up, untimed: a CPU backend builds its kernels on the first batch of each shape
             level_seconds(c, repeats=1, rounds=1)
         for attempt in range(1, PROFILE_ATTEMPTS + 1):
-            quiet = self.host.wait_quiet(limit, min(QUIET_WAIT_S, max(0.0, deadline - time.monotonic() - 60)))
+            wait_s = min(QUIET_WAIT_S, max(0.0, deadline - time.monotonic() - 60))
+            self.readiness.say(f"Θ throughput profile: attempt {attempt} of {PROFILE_ATTEMPTS} waits up to "
+                               f"{wait_s:.0f} s for a quiet host (other processes on at most {limit:.2f} of its "
+                               f"{self.host.cores} cores)")
+            quiet = self.host.wait_quiet(limit, wait_s)
             if quiet > limit:
                 log.info("the host stayed busy (%.2f cores outside this worker) for %.0f s; profiling anyway",
-                         quiet, QUIET_WAIT_S)
+                         quiet, wait_s)
             self.readiness.say(f"Θ throughput profile: attempt {attempt} of {PROFILE_ATTEMPTS}, levels {levels}")
             foreign_before, load_start = self.readiness.foreign_requests, self.host.sample()
             try:
