@@ -18,6 +18,7 @@ import orjson
 from aiohttp import web
 
 from sgl_moe.router.errors import WorkerFailure
+from sgl_moe.router.front.answer import Answer
 from sgl_moe.router.front.attempt import Attempt
 from sgl_moe.router.front.worker_client import WorkerClient
 from sgl_moe.router.placement.job import Placement
@@ -81,7 +82,7 @@ class Forwarder:
                 "x-sgl-moe-predicted-cached-tokens": str(placement.predicted_cached_tokens),
                 "x-sgl-moe-queue-ms": f"{placement.queued_s * 1e3:.1f}"}
 
-    async def forward(self, attempt: Attempt, placement: Placement) -> web.Response:
+    async def forward(self, attempt: Attempt, placement: Placement) -> Answer:
         """POST ``attempt`` to the placed worker; answer with its status and body byte for byte, plus our headers.
 
         Hook: for use as ``Router.run``'s ``call`` (``classify_route`` uses it). It releases ``placement`` whatever
@@ -100,8 +101,7 @@ class Forwarder:
             ok = status < 400
             if ok:
                 self._note_cached(placement, attempt.endpoint, payload)
-            return web.Response(body=payload, status=status, headers={"content-type": ctype,
-                                                                      **self._headers(placement)})
+            return Answer(status, payload, {"content-type": ctype, **self._headers(placement)})
         except asyncio.CancelledError:
             aborting = self._abort(attempt, placement)
             raise

@@ -23,6 +23,7 @@ from aiohttp import web
 
 from sgl_moe.router.config import RouterConfig
 from sgl_moe.router.errors import RequestError, WorkerFailure, error_response, json_errors, request_error_response
+from sgl_moe.router.front.answer import web_answers
 from sgl_moe.router.front.arrival_order import ArrivalOrder
 from sgl_moe.router.front.attempt import PROXIED, Attempt, worker_auth_headers
 from sgl_moe.router.front.auth import auth_middleware
@@ -315,7 +316,8 @@ def front_hot_routes(app: web.Application) -> HotRoutes:
 
 def build_front_app(cfg: RouterConfig, front: int, placement_socket: str, owner_socket: str) -> web.Application:
     router = FrontRouter(cfg, front, placement_socket, owner_socket)
-    app = web.Application(client_max_size=cfg.max_body_bytes, middlewares=[json_errors, auth_middleware(cfg)])
+    app = web.Application(client_max_size=cfg.max_body_bytes,
+                          middlewares=[json_errors, auth_middleware(cfg), web_answers])
     app[ROUTER] = router
     for path in PROXIED:
         app.router.add_post(path, router.handle)

@@ -32,8 +32,10 @@ from aiohttp import web
 
 from sgl_moe.router.config import RouterConfig
 from sgl_moe.router.errors import error_response
+from sgl_moe.router.front.answer import Answer
 from sgl_moe.router.front.attempt import PROXIED
 from sgl_moe.router.front.auth import allowed, bearer
+from sgl_moe.router.front.deadline import Deadline
 from sgl_moe.router.front.http_head import request_head
 from sgl_moe.router.front.intake import too_slow
 
@@ -141,8 +143,14 @@ class _Date:
         return cls.line
 
 
-def encode_response(resp: web.StreamResponse, close: bool) -> bytes:
-    """``resp`` (a ``web.Response`` with its body set) as HTTP/1.1 bytes."""
+def encode_response(resp: web.StreamResponse | Answer, close: bool) -> bytes:
+    """``resp`` (an ``Answer``, or a ``web.Response`` with its body set) as HTTP/1.1 bytes."""
+    if type(resp) is Answer:
+        status, body = resp.status, resp.body
+        return b"".join((_STATUS_LINES.get(status) or b"HTTP/1.1 %d Unknown\r\n" % status,
+                         "".join([f"{name}: {value}\r\n" for name, value in resp.headers.items()]).encode("latin-1"),
+                         _Date.now(), b"Content-Length: %d\r\n" % len(body),
+                         b"Connection: close\r\n\r\n" if close else b"\r\n", body))
     body = resp.body or b""
     if not isinstance(body, bytes):
         raise TypeError(f"a bare answer needs a bytes body, got {type(body).__name__}")
@@ -172,7 +180,8 @@ class BareConnection(asyncio.Protocol):
         self.parser = httptools.HttpRequestParser(self)
         self.buf = bytearray()
         """The bytes since the current request began: what aiohttp is fed if the connection is handed over."""
-        self.timer: asyncio.TimerHandle | None = None
+        self.deadline = Deadline(self.loop)
+        """The head or body timeout under way (``_arm``)."""
         self.task: asyncio.Task | None = None
         self.paused = False
         """Reading is paused: a pipelined client sent more than a request's worth while one was answered."""
@@ -205,7 +214,7 @@ class BareConnection(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.connections.discard(self)
-        self._disarm()
+        self.deadline.close()
         if self.task is not None:
             self.task.cancel()  # as aiohttp's handler_cancellation: the handler aborts the request on its worker
         self.transport = None
@@ -245,7 +254,7 @@ class BareConnection(asyncio.Protocol):
                 return
             self.expect = self.head_len + int(self.headers["content-length"])
         if len(buf) < self.expect:
-            if self.timer is None:
+            if self.deadline.at is None:
                 self._arm(self.hot.body_timeout_s, self._body_timeout)
             return
         if len(buf) > self.expect:  # the next request began before this one was answered
@@ -268,7 +277,7 @@ class BareConnection(asyncio.Protocol):
             self._hand_off(bytes(self.buf), "pipelined" if self.second else self.refuse)
         elif self.complete:
             self._dispatch()
-        elif self.head_done and self.timer is None:
+        elif self.head_done and self.deadline.at is None:
             self._arm(self.hot.body_timeout_s, self._body_timeout)
 
     # -- httptools callbacks ---------------------------------------------------------------------
@@ -352,7 +361,7 @@ class BareConnection(asyncio.Protocol):
     def _hand_off(self, data: bytes, why: str) -> None:
         """Give this connection to aiohttp's server from ``data`` (the bytes of its current request) on."""
         self.hot.counts.handed_off[why] += 1
-        self._disarm()
+        self.deadline.close()
         self.connections.discard(self)
         transport, self.transport = self.transport, None
         if transport is None or transport.is_closing():
@@ -367,22 +376,17 @@ class BareConnection(asyncio.Protocol):
 
     # -- timers --------------------------------------------------------------------------------------
     def _arm(self, delay: float, callback: Callable[[], None]) -> None:
-        self._disarm()
-        self.timer = self.loop.call_later(delay, callback)
+        self.deadline.set_in(delay, callback)
 
     def _disarm(self) -> None:
-        if self.timer is not None:
-            self.timer.cancel()
-            self.timer = None
+        self.deadline.clear()
 
     def _head_timeout(self) -> None:
         """No complete request head in time (aiohttp's keep-alive timer): close, as aiohttp does."""
-        self.timer = None
         if self.transport is not None and not self.head_done:
             self.transport.close()
 
     def _body_timeout(self) -> None:
-        self.timer = None
         if self.transport is not None and not self.complete:
             self.transport.write(encode_response(self.hot.body_timeout_answer(), close=True))
             self.transport.close()

@@ -22,6 +22,7 @@ from aiohttp import web
 
 from sgl_moe.router.config import SECRET_FIELDS, RouterConfig
 from sgl_moe.router.errors import RequestError, WorkerFailure, error_response, json_errors, request_error_response
+from sgl_moe.router.front.answer import web_answers
 from sgl_moe.router.front.arrival_order import ArrivalOrder
 from sgl_moe.router.front.attempt import PROXIED, Attempt, worker_auth_headers
 from sgl_moe.router.front.auth import auth_middleware
@@ -579,7 +580,8 @@ def build_app(cfg: RouterConfig, sockets: FrontSockets | None = None) -> web.App
     """The router's app; with ``sockets`` (``--front-processes`` > 1) the placement owner's, which front processes
     stand in front of."""
     router = Router(cfg, sockets)
-    app = web.Application(client_max_size=cfg.max_body_bytes, middlewares=[json_errors, auth_middleware(cfg)])
+    app = web.Application(client_max_size=cfg.max_body_bytes,
+                          middlewares=[json_errors, auth_middleware(cfg), web_answers])
     app[ROUTER] = router
 
     async def classify_route(request: web.Request) -> web.Response:

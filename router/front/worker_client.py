@@ -28,6 +28,7 @@ from urllib.parse import urlsplit
 import httptools
 
 from sgl_moe.router.errors import WorkerFailure
+from sgl_moe.router.front.deadline import Deadline
 from sgl_moe.router.front.http_head import response_head
 
 MAX_HEAD_BYTES = 64 * 1024
@@ -140,6 +141,8 @@ class _Connection(asyncio.Protocol):
 
     def __init__(self) -> None:
         self.transport: asyncio.Transport | None = None
+        self.deadline = Deadline(asyncio.get_running_loop())
+        """The total timeout of the exchange under way (``WorkerClient._send``)."""
         self.parser = httptools.HttpResponseParser(self)
         self.exchange: _Exchange | None = None
         self.closed = False
@@ -214,6 +217,7 @@ class _Connection(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
+        self.deadline.close()
         ex = self.exchange
         if ex is None or ex.complete:
             return
@@ -268,6 +272,7 @@ class _Connection(asyncio.Protocol):
 
     def close(self) -> None:
         self.closed = True
+        self.deadline.close()
         if self.transport is not None:
             self.transport.close()
 
@@ -285,7 +290,9 @@ class WorkerClient:
         self._fixed = b"".join(_header_line(k, v) for k, v in (headers or {}).items())
         """Header lines sent with every request (the router's worker key)."""
         self._idle: dict[Origin, list[_Connection]] = {}
-        self._origins: dict[str, tuple[Origin, str]] = {}
+        self._origins: dict[str, tuple[Origin, str, list[_Connection]]] = {}
+        """URL -> its origin, its request target and the origin's idle connections (``_idle``'s list: looked up
+        once per URL, not hashed per request)."""
         self._ssl: ssl.SSLContext | None = None
         self.connections_made = 0
         self.closed = False
@@ -294,17 +301,17 @@ class WorkerClient:
     async def post(self, url: str, body: bytes, headers: Mapping[str, str]) -> AsyncIterator[WorkerResponse]:
         """``POST url`` with ``body``; the answer, open until the block ends (a body not read to its end then
         closes the connection). Raises ``WorkerFailure``."""
-        origin, conn, ex, timer = await self._open(url, body, headers)
+        idle, conn, ex = await self._open(url, body, headers)
         try:
             yield WorkerResponse(ex)
         finally:
-            self._end(origin, conn, timer)
+            self._end(idle, conn)
 
     async def fetch(self, url: str, body: bytes, headers: Mapping[str, str]) -> tuple[int, dict[str, str], bytes]:
         """``POST url`` with ``body``; the answer's status, headers (names in lower case) and whole body. What
         ``post`` then ``read`` give, in one await when the answer comes at once (the forwarded non-streamed
         requests). Raises ``WorkerFailure``."""
-        origin, conn, ex, timer = await self._open(url, body, headers)
+        idle, conn, ex = await self._open(url, body, headers)
         try:
             parts = []
             while True:
@@ -321,42 +328,36 @@ class WorkerClient:
                 ex.waiter = asyncio.get_running_loop().create_future()
                 await ex.waiter
         finally:
-            self._end(origin, conn, timer)
+            self._end(idle, conn)
 
     async def _open(self, url: str, body: bytes, headers: Mapping[str, str]
-                    ) -> tuple[Origin, _Connection, _Exchange, asyncio.TimerHandle | None]:
-        """Send ``POST url`` and wait for the answer's head, under the total timeout; ``_end`` closes the exchange."""
-        origin, target = self._split(url)
+                    ) -> tuple[list[_Connection], _Connection, _Exchange]:
+        """Send ``POST url`` and wait for the answer's head, under the total timeout (counted from now, kept by the
+        connection's ``deadline`` once it has one); ``_end`` closes the exchange."""
+        origin, target, idle = self._split(url)
         data = b"".join((b"POST ", target.encode(), b" HTTP/1.1\r\nHost: ", origin.host_header, b"\r\n", self._fixed,
                          *(_header_line(k, v) for k, v in headers.items()),
                          b"Content-Length: ", str(len(body)).encode(), b"\r\n\r\n", body))
         loop = asyncio.get_running_loop()
-        clock = _Clock(self.total_timeout_s)
-        timer = loop.call_later(self.total_timeout_s, clock.expire) if self.total_timeout_s else None
-        try:
-            conn, ex = await self._send(loop, origin, data, clock)
-        except BaseException:
-            if timer is not None:
-                timer.cancel()
-            raise
-        return origin, conn, ex, timer
+        clock = _Clock(self.total_timeout_s, loop.time())
+        conn, ex = await self._send(loop, origin, idle, data, clock)
+        return idle, conn, ex
 
-    def _end(self, origin: Origin, conn: _Connection, timer: asyncio.TimerHandle | None) -> None:
-        """An exchange ended: stop its timer, and keep its connection for the next request when its answer was read
+    def _end(self, idle: list[_Connection], conn: _Connection) -> None:
+        """An exchange ended: drop its timeout, and keep its connection for the next request when its answer was read
         to the end."""
-        if timer is not None:
-            timer.cancel()
+        conn.deadline.clear()
         conn.exchange = None if conn.reusable() else conn.exchange
         if conn.exchange is None and not self.closed:
             conn.idle_since = time.monotonic()
-            self._idle.setdefault(origin, []).append(conn)
+            idle.append(conn)
         else:
             conn.close()
 
-    async def _send(self, loop: asyncio.AbstractEventLoop, origin: Origin, data: bytes,
+    async def _send(self, loop: asyncio.AbstractEventLoop, origin: Origin, idle: list[_Connection], data: bytes,
                     clock: _Clock) -> tuple[_Connection, _Exchange]:
         for again in (False, True):
-            conn = self._checkout(origin)
+            conn = self._checkout(idle)
             if conn is None:
                 try:
                     conn = await self._connect(loop, origin)
@@ -365,9 +366,11 @@ class WorkerClient:
                         raise WorkerFailure(f"connection to the worker broke before it answered, and {exc}",
                                             transport=True) from None
                     raise
-            if clock.expired:
-                conn.close()
-                raise clock.failure()
+            if clock.due is not None:
+                if loop.time() >= clock.due:
+                    conn.close()
+                    raise clock.failure()
+                conn.deadline.set(clock.due, clock.expire)
             head = loop.create_future()
             ex = clock.exchange = conn.send(data, head)
             try:
@@ -381,8 +384,7 @@ class WorkerClient:
                 raise
         raise WorkerFailure("connection to the worker broke: closed twice before answering", transport=True)
 
-    def _checkout(self, origin: Origin) -> _Connection | None:
-        idle = self._idle.get(origin)
+    def _checkout(self, idle: list[_Connection]) -> _Connection | None:
         now = time.monotonic()
         while idle:
             conn = idle.pop()
@@ -407,12 +409,13 @@ class WorkerClient:
         self.connections_made += 1
         return conn
 
-    def _split(self, url: str) -> tuple[Origin, str]:
+    def _split(self, url: str) -> tuple[Origin, str, list[_Connection]]:
         known = self._origins.get(url)
         if known is None:
             parts = urlsplit(url)
             target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
-            known = self._origins[url] = (Origin.of(parts.scheme, parts.hostname or "", parts.port), target)
+            origin = Origin.of(parts.scheme, parts.hostname or "", parts.port)
+            known = self._origins[url] = (origin, target, self._idle.setdefault(origin, []))
             if len(self._origins) > 4096:  # URLs are workers x routes; never grows in practice
                 self._origins.clear()
         return known
@@ -423,25 +426,28 @@ class WorkerClient:
         for idle in self._idle.values():
             for conn in idle:
                 conn.close()
+            idle.clear()
         self._idle.clear()
+        self._origins.clear()
 
 
 class _Clock:
-    """One request's total timeout: a timer's ``expire`` fails the exchange under way."""
+    """One request's total timeout: ``expire``, run at ``due`` by its connection's ``deadline``, fails the exchange
+    under way."""
 
-    __slots__ = ("seconds", "exchange", "expired")
+    __slots__ = ("seconds", "due", "exchange")
 
-    def __init__(self, seconds: float | None) -> None:
+    def __init__(self, seconds: float | None, start: float) -> None:
         self.seconds = seconds
+        self.due = start + seconds if seconds else None
+        """The loop time the answer must be complete by (None: no total timeout)."""
         self.exchange: _Exchange | None = None
-        self.expired = False
 
     def failure(self) -> WorkerFailure:
         return WorkerFailure(f"TimeoutError: no complete answer within {self.seconds:g} s", transport=False,
                              timeout=True)
 
     def expire(self) -> None:
-        self.expired = True
         ex = self.exchange
         if ex is not None and not ex.complete:
             ex.fail(self.failure())
