@@ -32,6 +32,10 @@ class ArrivalOrder:
         """Requests parsed and waiting for an earlier one."""
         return len(self._waiting)
 
+    def is_turn(self, ticket: int) -> bool:
+        """``ticket`` is the oldest one still here (``wait_turn`` would return at once)."""
+        return ticket == self._turn
+
     async def wait_turn(self, ticket: int) -> None:
         """Returns when ``ticket`` is the oldest one still here (at once, without yielding, when it already is)."""
         if ticket == self._turn:

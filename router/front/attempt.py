@@ -24,9 +24,10 @@ RID_ENDPOINTS = ("/generate", "/v1/completions", "/v1/chat/completions")
 the request on the worker when the client goes away."""
 
 
-@dataclass(frozen=True)
+@dataclass
 class Attempt:
-    """What the router sends a worker for one client request (the same on a retry)."""
+    """What the router sends a worker for one client request (the same on a retry). Not frozen, though nothing
+    changes one once made (a frozen dataclass's ``__init__`` costs about three times as much, once per request)."""
 
     endpoint: str
     body: bytes

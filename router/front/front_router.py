@@ -201,7 +201,7 @@ class FrontRouter:
     # -- proxied routes ------------------------------------------------------------------------------------------
     async def handle(self, request: web.Request) -> web.StreamResponse:
         endpoint = request.path
-        raw = await read_body(request, self.cfg)
+        raw = request.body if type(request) is BareRequest else await read_body(request, self.cfg)
         if isinstance(raw, web.Response):
             return raw
         rid = request.headers.get("x-request-id") or new_rid()
@@ -222,7 +222,8 @@ class FrontRouter:
                 return request_error_response(exc)
             if parsed.stream and type(request) is BareRequest:  # a streamed answer is aiohttp's to write
                 raise Handoff
-            await self.order.wait_turn(ticket)
+            if not self.order.is_turn(ticket):
+                await self.order.wait_turn(ticket)
             attempt = Attempt.of(endpoint, parsed.body, request.headers,
                                  pass_authorization=self.cfg.api_key is None and self.cfg.admin_api_key is None,
                                  input_ids_json=parsed.input_ids_json())

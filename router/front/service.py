@@ -229,25 +229,23 @@ class Router:
     async def handle(self, request: web.Request) -> web.StreamResponse:
         endpoint = request.path
         t0 = time.perf_counter()
-        resp = await self._handle(request, endpoint)
-        self.metrics.answered(endpoint, resp.status, time.perf_counter() - t0)
-        return resp
-
-    async def _handle(self, request: web.Request, endpoint: str) -> web.StreamResponse:
-        raw = await read_body(request, self.cfg)
+        # A bare request's body came whole and within the limits (``http_server``): no read to wait for.
+        raw = request.body if type(request) is BareRequest else await read_body(request, self.cfg)
         if isinstance(raw, web.Response):
-            return raw
-        rid = request.headers.get("x-request-id") or new_rid()
-        pool = self.pool
-        if pool.tokenizer is None:
-            return error_response(503, "no worker is registered yet; add one with POST /workers or wait for the "
+            resp = raw
+        elif self.pool.tokenizer is None:
+            resp = error_response(503, "no worker is registered yet; add one with POST /workers or wait for the "
                                   "workers given with --worker-urls to start", kind="unavailable",
                                   headers={"Retry-After": "5"})
-        ticket = self.order.ticket()
-        try:
-            return await self._handle_in_order(request, endpoint, raw, rid, ticket)
-        finally:
-            self.order.leave(ticket)  # an early answer or the client gone: the next request may be placed
+        else:
+            rid = request.headers.get("x-request-id") or new_rid()
+            ticket = self.order.ticket()
+            try:
+                resp = await self._handle_in_order(request, endpoint, raw, rid, ticket)
+            finally:
+                self.order.leave(ticket)  # an early answer or the client gone: the next request may be placed
+        self.metrics.answered(endpoint, resp.status, time.perf_counter() - t0)
+        return resp
 
     async def _handle_in_order(self, request: web.Request, endpoint: str, raw: bytes, rid: str,
                                ticket: int) -> web.StreamResponse:
@@ -262,7 +260,8 @@ class Router:
         self.metrics.tokenize_seconds.observe(time.perf_counter() - t_tok)
         if parsed.stream and type(request) is BareRequest:  # a streamed answer is aiohttp's to write
             raise Handoff
-        await self.order.wait_turn(ticket)
+        if not self.order.is_turn(ticket):
+            await self.order.wait_turn(ticket)
         attempt = Attempt.of(endpoint, parsed.body, request.headers,
                              pass_authorization=self.cfg.api_key is None and self.cfg.admin_api_key is None,
                              input_ids_json=parsed.input_ids_json())

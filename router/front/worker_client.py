@@ -336,26 +336,10 @@ class WorkerClient:
         connection's ``deadline`` once it has one); ``_end`` closes the exchange."""
         origin, target, idle = self._split(url)
         data = b"".join((b"POST ", target.encode(), b" HTTP/1.1\r\nHost: ", origin.host_header, b"\r\n", self._fixed,
-                         *(_header_line(k, v) for k, v in headers.items()),
-                         b"Content-Length: ", str(len(body)).encode(), b"\r\n\r\n", body))
+                         b"".join([_header_line(k, v) for k, v in headers.items()]),
+                         b"Content-Length: %d\r\n\r\n" % len(body), body))
         loop = asyncio.get_running_loop()
         clock = _Clock(self.total_timeout_s, loop.time())
-        conn, ex = await self._send(loop, origin, idle, data, clock)
-        return idle, conn, ex
-
-    def _end(self, idle: list[_Connection], conn: _Connection) -> None:
-        """An exchange ended: drop its timeout, and keep its connection for the next request when its answer was read
-        to the end."""
-        conn.deadline.clear()
-        conn.exchange = None if conn.reusable() else conn.exchange
-        if conn.exchange is None and not self.closed:
-            conn.idle_since = time.monotonic()
-            idle.append(conn)
-        else:
-            conn.close()
-
-    async def _send(self, loop: asyncio.AbstractEventLoop, origin: Origin, idle: list[_Connection], data: bytes,
-                    clock: _Clock) -> tuple[_Connection, _Exchange]:
         for again in (False, True):
             conn = self._checkout(idle)
             if conn is None:
@@ -375,7 +359,7 @@ class WorkerClient:
             ex = clock.exchange = conn.send(data, head)
             try:
                 await head
-                return conn, ex
+                return idle, conn, ex
             except _Stale:
                 conn.close()
                 continue
@@ -383,6 +367,17 @@ class WorkerClient:
                 conn.close()
                 raise
         raise WorkerFailure("connection to the worker broke: closed twice before answering", transport=True)
+
+    def _end(self, idle: list[_Connection], conn: _Connection) -> None:
+        """An exchange ended: drop its timeout, and keep its connection for the next request when its answer was read
+        to the end."""
+        conn.deadline.clear()
+        conn.exchange = None if conn.reusable() else conn.exchange
+        if conn.exchange is None and not self.closed:
+            conn.idle_since = time.monotonic()
+            idle.append(conn)
+        else:
+            conn.close()
 
     def _checkout(self, idle: list[_Connection]) -> _Connection | None:
         now = time.monotonic()
@@ -455,6 +450,6 @@ class _Clock:
 
 
 def _header_line(name: str, value: str) -> bytes:
-    if any(c in value or c in name for c in "\r\n"):
+    if "\r" in value or "\n" in value or "\r" in name or "\n" in name:
         raise ValueError(f"header {name!r} holds a line break")
     return f"{name}: {value}\r\n".encode("latin-1")

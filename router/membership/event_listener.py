@@ -85,7 +85,7 @@ class ListenerStats:
     """Connection attempts the publisher and the router could not agree on (CURVE keys, mechanism)."""
 
 
-@dataclass(frozen=True)
+@dataclass
 class _Received:
     """A decoded batch and its payload, whose digest tells a replayed copy of a batch from a restarted
     publisher's different batch under the same sequence number (computed only when compared: most batches

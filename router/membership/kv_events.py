@@ -54,8 +54,11 @@ class UnknownEvent:
 KVEvent = BlockStored | BlockRemoved | AllBlocksCleared | UnknownEvent
 
 
-@dataclass(frozen=True)
+@dataclass
 class EventBatch:
+    """(Not frozen, though nothing changes one once made: one is made per batch, about one per request, and a frozen
+    dataclass's ``__init__`` costs about three times as much.)"""
+
     seq: int
     """Publisher sequence number; consecutive batches differ by one (a gap means lost batches)."""
     ts: float

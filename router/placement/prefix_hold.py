@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Sequence
-from typing import NamedTuple
 
 from sgl_moe.router.membership.worker import PINNED_THETA_SOURCE, Worker
 from sgl_moe.router.placement.candidates import Candidate, job_cost
@@ -30,15 +29,24 @@ def theta_is_measured(w: Worker) -> bool:
     return w.theta_source == PINNED_THETA_SOURCE or w.info.saturation.state in MEASURED_THETA_STATES
 
 
-class HoldVerdict(NamedTuple):
-    """What ``PrefixHold.check`` decided for one job and its chosen candidate."""
+class HoldVerdict:
+    """What ``PrefixHold.check`` decided for one job and its chosen candidate. (A plain class: one is made per
+    placement, and a ``NamedTuple``'s ``__new__`` is interpreted Python even where this module is compiled.)"""
 
-    candidate: Candidate | None
-    """What to reserve: the candidate itself, its worker at the duplicate's cost, or a spill; None: the job waits."""
-    spill_deferred: bool = False
-    """A spill would have beaten the wait, but spills were deferred (the pump's first pass)."""
-    rescore_in: float | None = None
-    """The job began to wait just now: re-score it after this many seconds even if nothing else happens."""
+    __slots__ = ("candidate", "spill_deferred", "rescore_in")
+
+    def __init__(self, candidate: Candidate | None, spill_deferred: bool = False,
+                 rescore_in: float | None = None) -> None:
+        self.candidate = candidate
+        """What to reserve: the candidate itself, its worker at the duplicate's cost, or a spill; None: the job
+        waits."""
+        self.spill_deferred = spill_deferred
+        """A spill would have beaten the wait, but spills were deferred (the pump's first pass)."""
+        self.rescore_in = rescore_in
+        """The job began to wait just now: re-score it after this many seconds even if nothing else happens."""
+
+    def __repr__(self) -> str:
+        return f"HoldVerdict({self.candidate!r}, {self.spill_deferred!r}, {self.rescore_in!r})"
 
 
 class PrefixHold:

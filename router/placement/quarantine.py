@@ -36,12 +36,16 @@ class QuarantineLane:
         self.timeout_s = timeout_s
         self._lock = asyncio.Lock()
         self._changed = asyncio.Event()
+        self._waiting = 0
+        """Suspects waiting for their worker to drain (``notify`` sets ``_changed`` only for them: it runs on every
+        finished request and KV-event batch)."""
         self.runs = 0
         """Suspects run alone."""
 
     def notify(self) -> None:
         """Capacity changed (a request ended, a worker joined): a waiting suspect looks again."""
-        self._changed.set()
+        if self._waiting:
+            self._changed.set()
 
     async def enter(self, job: Job) -> Placement:
         """The lane, and a placement of ``job`` alone on a worker; raises NoWorkers or QueueTimeout (the lane is
@@ -89,9 +93,12 @@ class QuarantineLane:
             if worker.state != HEALTHY or worker.id not in self.pool.workers:
                 return False
             self._changed.clear()
+            self._waiting += 1
             try:
                 async with asyncio.timeout(RECHECK_S):
                     await self._changed.wait()
             except TimeoutError:
                 pass
+            finally:
+                self._waiting -= 1
         return worker.state == HEALTHY

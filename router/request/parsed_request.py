@@ -26,8 +26,16 @@ class Namespace:
         return self.lora_name is None and self.cache_salt is None and self.extra_key is None
 
 
-@dataclass(frozen=True)
+PLAIN = Namespace()
+"""The namespace of a prompt with no adapter, salt or extra key (shared: one less object per request)."""
+_NONE = (None, None, None)
+
+
+@dataclass
 class ParsedRequest:
+    """(Not frozen, though nothing changes one once made: a frozen dataclass's ``__init__`` sets each field through
+    ``object.__setattr__``, 1.9 us for these eleven against 0.7 us, once per request.)"""
+
     endpoint: str
     body: dict
     """Body to forward: token ids in place of text where SGLang answers identically."""
@@ -94,9 +102,10 @@ def namespaces(body: dict, n: int, single: bool, *, lora: str | None) -> list[Na
     loras = [lora] * n if lora is not None else _per_prompt(body, "lora_path", n, single, allow_null_items=True)
     salts = _per_prompt(body, "cache_salt", n, single)
     keys = _per_prompt(body, "extra_key", n, single)
-    return [Namespace(*t) for t in zip(loras, salts, keys)]
+    return [PLAIN if t == _NONE else Namespace(*t) for t in zip(loras, salts, keys)]
 
 
 def same_namespace(spaces: list[Namespace]) -> bool:
     """True when every prompt shares the first one's namespace (a batch then keeps its affinity)."""
-    return all(ns == spaces[0] for ns in spaces)
+    first = spaces[0]
+    return all(ns is first or ns == first for ns in spaces)

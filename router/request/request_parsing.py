@@ -41,6 +41,7 @@ from sgl_moe.router.request.context_limits import (
 from sgl_moe.router.request.decision_prompt import decision_prompts, is_blank
 from sgl_moe.router.request.grammar_limits import check_grammars
 from sgl_moe.router.request.parsed_request import (
+    PLAIN,
     Namespace,
     ParsedRequest,
     common_prefix_len,
@@ -93,7 +94,7 @@ def parse_request(endpoint: str, raw: bytes, *, tokenizer: RouterTokenizer, serv
     return parse(_Context(endpoint, body, tokenizer, served_model_name, context_length, limits))
 
 
-@dataclass(frozen=True)
+@dataclass
 class _Context:
     endpoint: str
     body: dict
@@ -266,7 +267,7 @@ def _parse_score(ctx: _Context) -> ParsedRequest:
         if not p:
             raise RequestError(400, f"query + items[{n}] is empty", "items")
     check_context(prompts, [0] * len(prompts), ctx.context_length)
-    return ctx.result(forward, prompts, namespace=Namespace(), max_new_tokens=0, stream=False, model=model,
+    return ctx.result(forward, prompts, namespace=PLAIN, max_new_tokens=0, stream=False, model=model,
                       affinity=affinity, paths=paths)
 
 
@@ -295,7 +296,7 @@ def _parse_decisions(ctx: _Context) -> ParsedRequest:
     prompts, exact = decision_prompts(tok, body["input"], questions, kwargs)
     affinity = exact and not body.get("images")
     check_context(prompts, [0] * len(prompts), ctx.context_length)
-    return ctx.result(body, prompts, namespace=Namespace(), max_new_tokens=0, stream=False, model=model,
+    return ctx.result(body, prompts, namespace=PLAIN, max_new_tokens=0, stream=False, model=model,
                       affinity=affinity)
 
 
