@@ -22,6 +22,8 @@ JSON_FIELDS = ("json_schema", "structural_tag", "response_format")
 """Where grammars sit: ``sampling_params`` of ``/generate`` (one object or one per prompt) and the top level of
 ``/v1/completions`` and ``/v1/chat/completions`` (``response_format`` there only; a JSON schema may be an object)."""
 
+GRAMMAR_FIELDS = (*REGEX_FIELDS, *EBNF_FIELDS, *JSON_FIELDS)
+
 
 def check_grammars(body: dict, max_chars: int, max_depth: int) -> None:
     """Every grammar field of ``body`` within ``max_chars`` characters and ``max_depth`` levels of nesting."""
@@ -29,7 +31,7 @@ def check_grammars(body: dict, max_chars: int, max_depth: int) -> None:
     places = [("", body)] + [("sampling_params.", p) for p in (params if isinstance(params, list) else [params])
                              if isinstance(p, dict)]
     for prefix, fields in places:
-        for name in (*REGEX_FIELDS, *EBNF_FIELDS, *JSON_FIELDS):
+        for name in GRAMMAR_FIELDS:
             value = fields.get(name)
             if value is None:
                 continue
