@@ -3,8 +3,8 @@
 ``Forwarder.forward`` returns one for every forwarded request that is not streamed. The bare server writes it as
 HTTP/1.1 bytes at once (``http_server.encode_response``); aiohttp's server, which serves every other request, gets
 the same answer as a ``web.Response`` (``web_answers``, a middleware). Making aiohttp's ``Response`` cost about
-1.2 us a request and writing its headers out of their ``CIMultiDict`` another 1.7 us (2-core VM): twice what the
-rest of writing the answer costs.
+1.2 us a request and writing its headers out of their ``CIMultiDict`` another 1.7 us (2-core VM, ``timeit``), with 8
+interpreted calls.
 """
 
 from __future__ import annotations
