@@ -16,12 +16,23 @@ prefixes of 90% of ``--prompt-blocks`` blocks (the capacity benchmark's shared s
 Each call is timed *warm* (right after the previous one) and *cold* (after writing one byte per cache line of a
 64 MB buffer: what a router sharing its cores with workers and clients meets). Prints microseconds per call, the
 minimum over ``--repeats`` passes. Run it in two checkouts to compare them (each imports its own tables).
+
+``--baseline-so PATH``: another build of the C tables (``native_block_tables.c`` of an older commit, compiled on its
+own: ``gcc -O2 -fPIC -shared -I/usr/include/python3.11 OLD.c -o OLD.so``) loaded beside this checkout's in the same
+process. Both get the same blocks; then, in ``--repeats`` x 10 rounds taking turns (which goes first alternates), each
+runs the same ``--calls`` prompts through a walk (``match_groups`` then ``committed_prefix``, as placement and the
+prefix hold do) and the same store + remove, with 8 MB written between the two builds' turns and ``--between-mb``
+(1) before each call (the other work a router does between two requests). Prints the median and minimum over the
+rounds: on this shared VM two separate runs of the same build differ by more than the change.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.machinery
+import importlib.util
 import random
+import statistics
 import time
 from collections.abc import Callable
 
@@ -52,6 +63,11 @@ def main() -> None:
     parser.add_argument("--prompt-blocks", type=int, default=250)
     parser.add_argument("--calls", type=int, default=300)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--baseline-so", metavar="PATH", help="another build of native_block_tables, timed beside "
+                        "this checkout's in turns")
+    parser.add_argument("--between-mb", type=int, default=1, choices=range(0, 257), metavar="MB",
+                        help="with --baseline-so: MB written before each call (1: most of the tables' recent entries "
+                        "stay in the last-level cache; 8: they do not)")
     args = parser.parse_args()
     if min(args.blocks, args.prompt_blocks, args.calls, args.repeats) < 1:
         parser.error("--blocks, --prompt-blocks, --calls and --repeats must be at least 1")
@@ -111,6 +127,76 @@ def main() -> None:
                 best[name, mode] = min(best.get((name, mode), float("inf")), total / args.calls)
     for (name, mode), seconds in best.items():
         print(f"{name:32s} {mode}: {seconds * 1e6:7.1f} us per call (minimum of {args.repeats} passes)")
+    if args.baseline_so:
+        if not block_tables.NATIVE:
+            parser.error("--baseline-so compares two builds of the C tables; this checkout's are not built")
+        side_by_side(args.baseline_so, live, prefixes, prompts, n, args.repeats * 10, args.between_mb)
+
+
+def _load_tables(path: str) -> type:
+    """``BlockTables`` of the extension at ``path`` (loaded under its own name, beside the imported one)."""
+    loader = importlib.machinery.ExtensionFileLoader("native_block_tables", path)
+    spec = importlib.util.spec_from_file_location("native_block_tables", path, loader=loader)
+    if spec is None:
+        raise SystemExit(f"--baseline-so {path}: not an extension module")
+    module = importlib.util.module_from_spec(spec)
+    loader.exec_module(module)
+    return module.BlockTables
+
+
+def side_by_side(baseline_so: str, live: list[tuple[int, list[int]]], prefixes: list[list[int]],
+                 prompts: list[list[int]], batch_blocks: int, rounds: int, between_mb: int) -> None:
+    """This build's tables and ``baseline_so``'s, the same blocks in each, timed in turns on the same calls: the
+    prompts' walks, and a store of ``len(prompts)`` new batches of ``batch_blocks`` blocks, each with the removal
+    of the oldest batch held (new batches every round, the same for both)."""
+    builds = {"this build": block_tables.native_block_tables.BlockTables, "baseline": _load_tables(baseline_so)}
+    tables = {}
+    for name, kind in builds.items():
+        t = kind()
+        for _ in range(TARGETS):
+            t.add_target()
+        for g, prefix in enumerate(prefixes):
+            t.store(g % TARGETS, prefix)
+        for slot, batch in live:
+            t.store(slot, batch)
+        tables[name] = t
+    mask = (1 << TARGETS) - 1
+    spans: dict[str, list[list[int]]] = {name: list(live) for name in builds}  # each build's own FIFO of stored blocks
+    junk = bytearray(8 << 20)
+    line = b"\x01" * (len(junk) // 64)
+    between = bytearray(between_mb << 20)  # written before each call: the other work a router does between requests
+    line_between = b"\x01" * (len(between) // 64)
+    walk: dict[str, list[float]] = {name: [] for name in builds}
+    churned: dict[str, list[float]] = {name: [] for name in builds}
+    rng = random.Random(11)
+    for r in range(rounds):
+        churn = [[rng.randrange(-2 ** 63, 2 ** 63) for _ in range(batch_blocks)] for _ in prompts]
+        for name in (list(builds) if r % 2 == 0 else list(builds)[::-1]):
+            t, fifo = tables[name], spans[name]
+            junk[::64] = line
+            spent_walk = spent_churn = 0.0
+            for i, p in enumerate(prompts):
+                between[::64] = line_between
+                t0 = time.perf_counter()
+                t.match_groups(p, mask)
+                t.committed_prefix(i % TARGETS, p)
+                spent_walk += time.perf_counter() - t0
+            for batch in churn:
+                slot, old = fifo.pop(0)
+                between[::64] = line_between
+                t0 = time.perf_counter()
+                t.store(slot, batch)
+                t.remove(slot, old)
+                spent_churn += time.perf_counter() - t0
+                fifo.append((slot, batch))
+            walk[name].append(spent_walk / len(prompts))
+            churned[name].append(spent_churn / len(churn))
+    print(f"\nside by side with {baseline_so} ({rounds} rounds in turns, {between_mb} MB written before each call):")
+    for label, spent in (("match_groups + committed_prefix", walk), ("store + remove", churned)):
+        for name in builds:
+            xs = spent[name]
+            print(f"{label:32s} {name:10s}: median {statistics.median(xs) * 1e6:7.1f} us, "
+                  f"minimum {min(xs) * 1e6:7.1f} us per call")
 
 
 if __name__ == "__main__":

@@ -14,4 +14,5 @@ if ! command -v valgrind >/dev/null && [ "$(id -u)" = 0 ] && command -v apt-get 
 fi
 echo "[test] ruff check (pyproject.toml [tool.ruff])"
 .venv/bin/ruff check .
-exec .venv/bin/python -m pytest "$@"
+# --durations: the slowest tests listed at the end, so a CI log says where its minutes went.
+exec .venv/bin/python -m pytest --durations=30 "$@"

@@ -371,6 +371,37 @@ def test_block_tables_equal_the_python_reference_over_random_operations(n_slots)
 
 
 @needs_native
+def test_block_table_walks_longer_than_their_read_ahead_equal_the_reference():
+    """``match_groups``, ``committed_prefix`` and ``all_committed`` read a prompt's hashes ahead of their lookups (8 at
+    a time, prefetching): over prompts of up to 60 blocks whose match ends anywhere, on and around the read-ahead's
+    edges, each answer equals the reference's; a hash that is not an int raises only once the walk reaches it, as
+    the walk hash by hash raised before."""
+    native, python = block_tables.native_block_tables.BlockTables(), block_tables.BlockTablesPy()
+    for _ in range(3):
+        native.add_target(), python.add_target()
+    rng = random.Random("walks")
+    prompt = [rng.randrange(-2**63, 2**63) for _ in range(60)]
+    for t in (native, python):
+        t.store(0, prompt[:17])
+        t.promise(1, prompt[:8])
+        t.store(1, prompt[:3])
+        t.store(2, prompt[:60:2])  # every other block: a walk of target 2 stops at its second
+    for end in range(61):
+        chain = prompt[:end] + [rng.randrange(-2**63, 2**63) for _ in range(rng.randint(0, 20))]
+        for mask in (0b1, 0b11, 0b111, 0b110):
+            assert native.match_groups(chain, mask) == python.match_groups(chain, mask), (end, mask)
+        for slot in range(3):
+            assert native.committed_prefix(slot, chain) == python.committed_prefix(slot, chain), (end, slot)
+            assert native.all_committed(slot, chain[:end]) == python.all_committed(slot, chain[:end]), (end, slot)
+    for walk in (lambda h: native.committed_prefix(0, h), lambda h: native.all_committed(1, h),
+                 lambda h: native.match_groups(h, 0b111)):
+        assert walk(prompt[:20] + ["not a hash"]) is not None  # past where every walk stops: read ahead, not raised
+        with pytest.raises(TypeError):
+            walk(prompt[:2] + ["not a hash"])  # reached: target 2 holds blocks 0 and 2, the others the first 3+
+    assert native.committed_prefix(0, prompt[:17] + [2**64, "x"]) == 17  # past the key range: absent, not an error
+
+
+@needs_native
 def test_block_tables_grow_through_many_blocks_and_empty_again():
     """200,000 blocks over 3 targets: the table grows many times; removing everything leaves it empty, and the
     answers stay those of the reference."""
