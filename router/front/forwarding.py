@@ -172,24 +172,65 @@ class Forwarder:
 
     def _note_cached(self, placement: Placement, endpoint: str, payload: bytes) -> None:
         """Compare the predicted prefix hit with what the worker reports (``meta_info.cached_tokens``)."""
-        if endpoint not in ("/generate", "/v1/completions", "/v1/chat/completions"):
-            return
-        try:
-            data = orjson.loads(payload)
-        except orjson.JSONDecodeError:
-            return
-        reported = None
-        if endpoint == "/generate":
-            items = data if isinstance(data, list) else [data]
-            vals = [i.get("meta_info", {}).get("cached_tokens") for i in items if isinstance(i, dict)]
-            if vals and all(isinstance(v, int) for v in vals):
-                reported = sum(vals)
-        else:
-            details = (data.get("usage") or {}).get("prompt_tokens_details") or {}
-            if isinstance(details.get("cached_tokens"), int):
-                reported = details["cached_tokens"]
+        reported = reported_cached_tokens(endpoint, payload)
         if reported is not None:
             self.note_cached(placement, reported)
+
+
+CACHED_KEY = b'"cached_tokens":'
+"""The key as SGLang's JSON writes it. Inside a JSON string every ``"`` is escaped, so these bytes (the quote after
+``s`` unescaped, then a colon) occur only as a key."""
+_AFTER_NUMBER = (b",", b"}", b" ", b"\n", b"\r", b"\t")
+
+
+def reported_cached_tokens(endpoint: str, payload: bytes) -> int | None:
+    """The cached tokens a worker's answer reports (``/generate``: the sum of its items' ``meta_info.cached_tokens``;
+    the OpenAI routes: ``usage.prompt_tokens_details.cached_tokens``), or None when it reports none.
+
+    An answer that is one object holding the key once, as SGLang writes it (in ``meta_info`` or ``usage``), is read at
+    the key without parsing the rest: a scoring request's answer can carry a log-probability per prompt token
+    (hundreds of kB at 4,000 tokens), all parsed before for this one integer. Anything else (a batch, the key twice,
+    a value that is not a plain integer) is parsed whole, as before (``reported_cached_tokens_parsed``); the tests
+    hold the two readings equal on SGLang's answers and on answers shaped to trip the scan."""
+    if endpoint not in ("/generate", "/v1/completions", "/v1/chat/completions"):
+        return None
+    at = payload.find(CACHED_KEY)
+    if at < 0 and payload[:1] == b"{":
+        return None  # no such key anywhere in the one object
+    if at >= 0 and payload[:1] == b"{" and payload.find(CACHED_KEY, at + 1) < 0:
+        start = at + len(CACHED_KEY)
+        while payload[start:start + 1] == b" ":
+            start += 1
+        end = start
+        while payload[end:end + 1].isdigit():
+            end += 1
+        digits = payload[start:end]
+        if digits and payload[end:end + 1] in _AFTER_NUMBER and (digits[:1] != b"0" or len(digits) == 1):
+            return int(digits)
+    return reported_cached_tokens_parsed(endpoint, payload)
+
+
+def reported_cached_tokens_parsed(endpoint: str, payload: bytes) -> int | None:
+    """``reported_cached_tokens`` by parsing the whole answer."""
+    try:
+        data = orjson.loads(payload)
+    except orjson.JSONDecodeError:
+        return None
+    if endpoint == "/generate":
+        items = data if isinstance(data, list) else [data]
+        vals = [_get(i, "meta_info", "cached_tokens") for i in items]
+        return sum(vals) if vals and all(isinstance(v, int) for v in vals) else None
+    cached = _get(data, "usage", "prompt_tokens_details", "cached_tokens")
+    return cached if isinstance(cached, int) else None
+
+
+def _get(data: object, *keys: str) -> object:
+    """``data[k1][k2]...``, or None where a level is missing or not an object."""
+    for k in keys:
+        if not isinstance(data, dict):
+            return None
+        data = data.get(k)
+    return data
 
 
 async def abort_on_worker(session: aiohttp.ClientSession, base_url: str, rid: str, timeout_s: float) -> str | None:
