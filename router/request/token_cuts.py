@@ -154,7 +154,17 @@ class CutRule:
         return max(2, self.added_max_len)
 
     def allows(self, text: str, c: int) -> bool:
-        """Whether ``encode(text) == encode(text[:c]) + encode(text[c:])``, by the rule (``0 < c < len(text)``)."""
+        """Whether ``encode(text) == encode(text[:c]) + encode(text[c:])``, by the rule (``0 < c < len(text)``):
+        ``native_cut_scan`` answers where it was built, else (and for the places it leaves to Python) ``allows_py``."""
+        scan = self._scan
+        if scan is not None:
+            p = scan.next(text, c, c + 1)
+            if p is None or p > 0:
+                return p is not None
+        return self.allows_py(text, c)
+
+    def allows_py(self, text: str, c: int) -> bool:
+        """``allows`` in Python: the reference of ``native_cut_scan``."""
         before, after = text[c - 1], text[c]
         if self.ascii_at_cut and not (before.isascii() and after.isascii()):
             return False
@@ -198,20 +208,23 @@ class CutRule:
                 c = text.find(" ", c, stop)
                 if c == -1:
                     return None
-            if self.allows(text, c):
+            if self.allows_py(text, c):
                 return c
             c += 1
         return None
 
     @functools.cached_property
     def _scan(self) -> Any:
-        """The rule's data in a ``native_cut_scan.CutScan`` (None: not built, or a character map it cannot hold)."""
+        """The rule's data in a ``native_cut_scan.CutScan`` (None: not built, a character map it cannot hold, or added
+        tokens' characters that are not those of ``added_contents``, which it compares)."""
         if CutScan is None or any(len(k) != 1 or len(v) != 1 for k, v in self.char_map.items()):
+            return None
+        if frozenset("".join(self.added_contents)) != self.added_by_char:
             return None
         return CutScan(self.family == "regex-pieces", self.space_before_cut, self.ascii_at_cut,
                        self.space_before_newline, self.char_map, list(self.pair_chars or ()),
                        None if self.alphabet is None else list(self.alphabet), list(self.added_by_char),
-                       self.lowercase_added)
+                       self.lowercase_added, list(self.added_contents))
 
     def _added_token_covers(self, text: str, c: int) -> bool:
         """An added token's occurrence holds ``text[c-1]`` or ``text[c]``."""

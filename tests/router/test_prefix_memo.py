@@ -135,7 +135,42 @@ def test_the_next_cut_scan_in_c_equals_its_python_reference(name, tokenizers):
                     assert got == rule.next_cut_py(text, c, stop), (name, rule.family, text, c, stop)
                     compared += 1
                     found += got is not None
+                assert rule.allows(text, c) == rule.allows_py(text, c), (name, rule.family, text, c)
     assert found > 1000 and compared - found > 1000, (found, compared)
+
+
+@pytest.mark.parametrize("name", ["shipped", "qwen", "llama"])
+def test_the_scan_judges_added_tokens_at_the_cut_as_the_regex_does(name, tokenizers):
+    """Cuts next to added tokens written as text (whole, cut short, overlapping, at the text's ends, upper-cased for
+    rules that lowercase): the scan in C compares the added tokens' contents around the cut where the Python rule
+    runs its regex; both say the same at every place, and places the scan leaves to Python are only non-ASCII
+    windows of lowercasing rules."""
+    tok = tokenizers(name)
+    if tok.memo is None:
+        pytest.skip(f"{name}: no memo ({tok.memo_off_reason})")
+    base, rng = tok.memo.rule, random.Random(name + "added")
+    if not base.added_contents:
+        pytest.skip(f"{name}: no added tokens")
+    pieces = [*base.added_contents, *(t[:-1] for t in base.added_contents), *(t[1:] for t in base.added_contents),
+              *(t.upper() for t in base.added_contents), "\n", "\nx", " ", "a", "é", "İ", "ß"]
+    texts = ["".join(rng.choice(pieces) for _ in range(rng.randint(1, 12))) for _ in range(400)]
+    texts += [a + b for a in base.added_contents[:6] for b in base.added_contents[:6]]
+    for rule in (base, dataclasses.replace(base, lowercase_added=not base.lowercase_added)):
+        scan = rule._scan
+        assert (scan is not None) == token_cuts.NATIVE
+        covered = asked = 0
+        for text in texts:
+            for c in range(1, len(text)):
+                assert rule.allows(text, c) == rule.allows_py(text, c), (name, text, c)
+                assert rule.next_cut(text, c, len(text)) == rule.next_cut_py(text, c, len(text)), (name, text, c)
+                if scan is not None and rule._added_token_covers(text, c):
+                    covered += 1
+                    p = scan.next(text, c, c + 1)
+                    asked += p is not None and p < 0
+                    assert p is None or p < 0, (name, text, c, p)  # never allowed where an added token covers it
+        assert covered > 100, (name, covered)
+        if not rule.lowercase_added:
+            assert asked == 0, (name, asked)
 
 
 @pytest.mark.parametrize("name", TOKENIZERS)
