@@ -60,6 +60,9 @@ DEFERRED = "spill deferred"
 MAX_WAIT_LIMIT_S = 60.0
 """The longest a job waits for its saturated best worker by time alone, whatever the speed estimate says."""
 
+WAITING = "waiting for its saturated best worker"
+"""The reason a job keeps waiting when debug logs are off (they get the figures behind it)."""
+
 BY_LOAD = "no affinity: least in-flight FLOPs / Θ, ties in turn"
 """The reason logged for a job placed by load alone."""
 
@@ -179,6 +182,8 @@ class PlacementPolicy:
             return alt, (f"{SPILL}: waited {waited:.1f} s (since the wait started; limit {job.wait_limit_s:.1f} s) "
                          f"for saturated {best.worker.id}")
         job.waiting_for, job.waiting_cost = best.worker.id, best.cost
+        if not log.isEnabledFor(logging.DEBUG):  # only a debug log reads why (a job in a backlog waits many times)
+            return None, WAITING
         return None, (f"waiting for {best.worker.id} ({best.matched_blocks} blocks, {waited:.1f} s of at most "
                       f"{job.wait_limit_s:.1f} s so far; a spill would add {extra:.3g} FLOPs)")
 
