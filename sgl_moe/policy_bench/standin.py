@@ -49,8 +49,10 @@ class StandInWorker:
     """Publish KV events with SGLang's ``ZmqEventPublisher`` (on loopback, with its replay socket) and declare them
     in ``/sgl_moe/info``: a request sent as ``input_ids`` stores its pages in the cache (``BlockStored`` for the new
     ones, ``BlockRemoved`` for the pages that made room), ``/flush_cache`` clears it (``AllBlocksCleared``). So the
-    router's committed table and its promises' retirement work as in front of real workers. Needs SGLang (its
-    import takes seconds: it loads torch)."""
+    router's committed table and its promises' retirement work as in front of real workers. What a request gains and
+    loses while a batch is being computed is published in one event batch when that batch ends, as SGLang 0.5.23's
+    scheduler publishes once per prefill batch (``report_prefill_stats``) and when idle (``on_idle``); while nothing
+    is being computed, at once. Needs SGLang (its import takes seconds: it loads torch)."""
 
     def __post_init__(self) -> None:
         self._cache: OrderedDict[int, None] = OrderedDict()
@@ -58,6 +60,10 @@ class StandInWorker:
         self._wake: asyncio.Event | None = None
         self._events = None
         """The ``ZmqEventPublisher`` (``kv_events``), made by ``publish_events``."""
+        self._unpublished: list = []
+        """Events made while a batch was being computed, published when it ends (``_emit``)."""
+        self._busy = False
+        """Whether the compute loop is inside a batch."""
 
     @property
     def url(self) -> str:
@@ -106,7 +112,7 @@ class StandInWorker:
         evicted = self._store(hashes)
         if self._events is None:
             return
-        from sglang.srt.disaggregation.kv_events import BlockRemoved, BlockStored, KVEventBatch
+        from sglang.srt.disaggregation.kv_events import BlockRemoved, BlockStored
 
         events = []
         if evicted:
@@ -115,6 +121,19 @@ class StandInWorker:
             events.append(BlockStored(block_hashes=hashes[hit:], parent_block_hash=hashes[hit - 1] if hit else None,
                                       token_ids=ids[hit * PAGE:len(hashes) * PAGE], block_size=PAGE, lora_id=None))
         if events:
+            self._emit(events)
+
+    def _emit(self, events: list) -> None:
+        """Publish ``events`` now, or with the rest of the running batch's when it ends."""
+        self._unpublished.extend(events)
+        if not self._busy:
+            self._publish_pending()
+
+    def _publish_pending(self) -> None:
+        if self._unpublished and self._events is not None:
+            from sglang.srt.disaggregation.kv_events import KVEventBatch
+
+            events, self._unpublished = self._unpublished, []
             self._events.publish(KVEventBatch(ts=time.time(), events=events, attn_dp_rank=0))
 
     # -- compute: one batch at a time, every waiting request in it -----------------------------------------
@@ -126,10 +145,15 @@ class StandInWorker:
             batch, self._waiting = self._waiting, []
             if not batch:
                 continue
-            await asyncio.sleep(self.step_s + self.per_token_s * sum(n for n, _ in batch))
+            self._busy = True
+            try:
+                await asyncio.sleep(self.step_s + self.per_token_s * sum(n for n, _ in batch))
+            finally:
+                self._busy = False
             for _, fut in batch:
                 if not fut.done():
                     fut.set_result(None)
+            self._publish_pending()  # the batch's events, and those of requests that came meanwhile
 
     async def _compute(self, tokens: int) -> None:
         assert self._wake is not None
@@ -165,9 +189,9 @@ class StandInWorker:
         async def flush(request: web.Request) -> web.Response:
             self._cache.clear()
             if self._events is not None:
-                from sglang.srt.disaggregation.kv_events import AllBlocksCleared, KVEventBatch
+                from sglang.srt.disaggregation.kv_events import AllBlocksCleared
 
-                self._events.publish(KVEventBatch(ts=time.time(), events=[AllBlocksCleared()], attn_dp_rank=0))
+                self._emit([AllBlocksCleared()])
             return web.Response(text="ok")
 
         async def health(request: web.Request) -> web.Response:

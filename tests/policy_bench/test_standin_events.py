@@ -67,3 +67,42 @@ def test_stand_in_publishes_the_pages_it_stores_evicts_and_clears():
         sub.close(0)
         ctx.term()
         fleet.stop()
+
+
+def test_events_made_while_a_batch_runs_are_published_together_when_it_ends():
+    """As SGLang publishes once per prefill batch: the first prompt reaches an idle stand-in and its pages are
+    published at once; two more arrive while its batch computes, and theirs come in one batch when it ends."""
+    import threading
+
+    fleet = StandInFleet(1, 64 * PAGE, per_token_s=0.0, step_s=0.4, tokenize=False, kv_events=True).start()
+    ctx = zmq.Context()
+    sub = ctx.socket(zmq.SUB)
+    try:
+        [worker] = fleet.workers
+        [described] = _info(worker.url)["kv_events"]
+        sub.setsockopt(zmq.SUBSCRIBE, b"")
+        sub.connect(described["endpoint"])
+        time.sleep(0.3)
+
+        a, b, c = (list(range(k, k + 2 * PAGE)) for k in (1000, 5000, 9000))
+        first = threading.Thread(target=_post, args=(worker.url, "/generate", {"input_ids": a}))
+        first.start()
+        time.sleep(0.15)  # a's batch is computing
+        others = [threading.Thread(target=_post, args=(worker.url, "/generate", {"input_ids": ids})) for ids in (b, c)]
+        for t in others:
+            t.start()
+        for t in (first, *others):
+            t.join(10)
+
+        batches = []
+        while len(batches) < 3 and sub.poll(1500):
+            batches.append(decode_frames(sub.recv_multipart())[1])
+        assert [b.seq for b in batches] == [0, 1]
+        assert batches[0].events == [BlockStored(block_hashes=block_hashes(a, PAGE), parent_block_hash=None,
+                                                 block_size=PAGE)]
+        stored = sorted(tuple(e.block_hashes) for e in batches[1].events)
+        assert stored == sorted(tuple(block_hashes(ids, PAGE)) for ids in (b, c))
+    finally:
+        sub.close(0)
+        ctx.term()
+        fleet.stop()
