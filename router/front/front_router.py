@@ -202,7 +202,7 @@ class FrontRouter:
     async def handle(self, request: web.Request) -> web.StreamResponse:
         endpoint = request.path
         raw = request.body if type(request) is BareRequest else await read_body(request, self.cfg)
-        if isinstance(raw, web.Response):
+        if type(raw) is not bytes and isinstance(raw, web.Response):  # (an ABC: its isinstance is a call)
             return raw
         rid = request.headers.get("x-request-id") or new_rid()
         model = self.model

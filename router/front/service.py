@@ -231,7 +231,7 @@ class Router:
         t0 = time.perf_counter()
         # A bare request's body came whole and within the limits (``http_server``): no read to wait for.
         raw = request.body if type(request) is BareRequest else await read_body(request, self.cfg)
-        if isinstance(raw, web.Response):
+        if type(raw) is not bytes and isinstance(raw, web.Response):  # (a Response is an ABC: its isinstance is a call)
             resp = raw
         elif self.pool.tokenizer is None:
             resp = error_response(503, "no worker is registered yet; add one with POST /workers or wait for the "
@@ -539,7 +539,7 @@ class Router:
                             content_type="application/json")
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, init=False)
 class _Run:
     """Where one request's tries stand (``Router.run``)."""
 
@@ -547,6 +547,11 @@ class _Run:
     """The next try runs in the quarantine lane."""
     tries: int = 0
     """Retries used on other workers (at most one)."""
+
+    def __init__(self, alone: bool, tries: int = 0) -> None:
+        # Written out (``init=False``): compiled, it runs as C; the one ``dataclass`` writes runs interpreted.
+        self.alone = alone
+        self.tries = tries
 
 
 ROUTER = web.AppKey("router", Router)

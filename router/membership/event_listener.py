@@ -20,8 +20,9 @@ import logging
 import math
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 import zmq
 import zmq.asyncio
@@ -85,7 +86,7 @@ class ListenerStats:
     """Connection attempts the publisher and the router could not agree on (CURVE keys, mechanism)."""
 
 
-@dataclass
+@dataclass(init=False)
 class _Received:
     """A decoded batch and its payload, whose digest tells a replayed copy of a batch from a restarted
     publisher's different batch under the same sequence number (computed only when compared: most batches
@@ -93,6 +94,11 @@ class _Received:
 
     batch: EventBatch
     payload: bytes
+
+    def __init__(self, batch: EventBatch, payload: bytes) -> None:
+        # Written out (``init=False``): compiled, it runs as C; the one ``dataclass`` writes runs interpreted.
+        self.batch = batch
+        self.payload = payload
 
     @property
     def digest(self) -> int:
@@ -157,12 +163,13 @@ class EventListener:
             backlog = self._backlog
             raw = zmq.Socket.shadow(sub.underlying)
             fd = raw.getsockopt(zmq.FD)
+            ready_now = _reading(raw)
             while True:
                 if not backlog:
-                    ready = _ready_messages(raw)  # what has arrived, read in this turn without a future each
+                    ready = ready_now()  # what has arrived, read in this turn without a future each
                     while not ready:
                         await _signalled(fd)
-                        ready = _ready_messages(raw)
+                        ready = ready_now()
                     for frames in ready:
                         self._take(frames)
                 # Up to _CHUNK batches a turn: one a turn fell behind a busy router's requests (each finished request
@@ -380,6 +387,15 @@ def _reaches(run: list[_Received], live: _Received) -> bool:
     return run[live.batch.seq - run[0].batch.seq].digest == live.digest
 
 
+def _reading(raw: zmq.Socket) -> Callable[[], list[list[bytes]]]:
+    """What reads ``raw``'s waiting messages (``_ready_messages``'s answer): ``native_zmq_read`` on the libzmq pyzmq
+    loaded where it was built and found, else ``_ready_messages`` through pyzmq."""
+    if READER is None:
+        return lambda: _ready_messages(raw)
+    handle, ready = raw.underlying, READER.ready
+    return lambda: ready(handle, _CHUNK)
+
+
 def _ready_messages(raw: zmq.Socket) -> list[list[bytes]]:
     """The messages a socket can hand over without waiting, at most ``_CHUNK`` of them. ``raw``: a plain
     (``Socket.shadow``) socket on the asyncio socket's handle, read without the future ``zmq.asyncio`` makes for each
@@ -421,3 +437,37 @@ def _wake(woken: asyncio.Future) -> None:
 
 
 _EVENTS, _POLLIN, _NOBLOCK = int(zmq.EVENTS), int(zmq.POLLIN), int(zmq.NOBLOCK)
+
+
+def _libzmq_path() -> str | None:
+    """The file of the libzmq mapped into this process (pyzmq's), from ``/proc/self/maps``; None where there is none
+    to read (not Linux) or none is mapped."""
+    try:
+        with open("/proc/self/maps") as f:
+            for line in f:
+                parts = line.split(None, 5)
+                if len(parts) == 6 and "/libzmq" in parts[5] and ".so" in parts[5]:
+                    return parts[5].strip()
+    except OSError:
+        pass
+    return None
+
+
+def _native_reader() -> Any:
+    """A ``native_zmq_read.Reader`` on pyzmq's libzmq, or None (not built, the library not found, a symbol missing:
+    the listener reads through pyzmq)."""
+    path = _libzmq_path()
+    if path is None:
+        return None
+    try:
+        from sgl_moe.router.membership.native_zmq_read import Reader
+
+        return Reader(path)
+    except (ImportError, OSError) as exc:
+        logger.debug("KV events read through pyzmq: %s", exc)
+        return None
+
+
+READER = _native_reader()
+NATIVE = READER is not None
+"""Whether KV-event messages are read in C (``native_zmq_read``)."""

@@ -21,9 +21,10 @@ from sgl_moe.router.placement.job import Job
 from sgl_moe.router.placement.load_order import LoadOrder
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, init=False)
 class Candidate:
-    """One worker scored for one job."""
+    """One worker scored for one job. (``__init__`` is written out: compiled, it runs as C; the one ``dataclass``
+    writes runs interpreted, as do all such initialisers, once per decision.)"""
 
     worker: Worker
     slot: int
@@ -32,9 +33,28 @@ class Candidate:
     cached_tokens: tuple[int, ...]
     cost: float
 
+    def __init__(self, worker: Worker, slot: int, dp_rank: int, matched_blocks: int, cached_tokens: tuple[int, ...],
+                 cost: float) -> None:
+        self.worker = worker
+        self.slot = slot
+        self.dp_rank = dp_rank
+        self.matched_blocks = matched_blocks
+        self.cached_tokens = cached_tokens
+        self.cost = cost
+
     @property
     def load(self) -> float:
         return self.worker.inflight_flops / self.worker.theta
+
+
+def prefill_cost(worker: Worker, cached: int, new: int) -> float:
+    """``worker.request_overhead_flops + worker.flops.request_flops(cached, new)`` (``cached``, ``new`` >= 0), the same
+    float: the formula written here runs compiled (``FlopsModel.request_flops`` runs interpreted, a step or more per
+    decision)."""
+    f = worker.flops
+    pairs = new * cached + new * (new + 1) / 2
+    return worker.request_overhead_flops + (new * f.linear_flops_per_token + pairs * f.attn_flops_per_pair + (
+        f.lm_head_flops_per_token if new else 0.0))
 
 
 def job_cost(worker: Worker, job: Job, cached: list[int] | tuple[int, ...]) -> float:
@@ -47,7 +67,7 @@ def job_cost(worker: Worker, job: Job, cached: list[int] | tuple[int, ...]) -> f
     lens = job.prompt_lens
     if len(lens) == 1 and job.max_new_tokens == 1:  # one prompt, prefill only (the common case, in short)
         c = cached[0]
-        return worker.request_overhead_flops + f.request_flops(c, lens[0] - c)
+        return prefill_cost(worker, c, lens[0] - c)
     total = worker.request_overhead_flops * len(lens)
     shared = job.shared_prefix_len
     for i, (n, c) in enumerate(zip(job.prompt_lens, cached)):
@@ -148,10 +168,10 @@ def score_one(job: Job, w: Worker, groups: list[tuple[int, int]]) -> Candidate:
     prefill = len(lens) == 1 and job.max_new_tokens == 1  # ``job_cost``'s common case, inlined below
     if not blocks:
         if prefill:
-            return Candidate(w, slot, rank, 0, (0,), w.request_overhead_flops + w.flops.request_flops(0, n))
+            return Candidate(w, slot, rank, 0, (0,), prefill_cost(w, 0, n))
         return Candidate(w, slot, rank, 0, (0,), job_cost(w, job, [0]))
     page = w.page_size
     c = min(blocks * page, ((n - 1) // page) * page)
     if prefill:
-        return Candidate(w, slot, rank, blocks, (c,), w.request_overhead_flops + w.flops.request_flops(c, n - c))
+        return Candidate(w, slot, rank, blocks, (c,), prefill_cost(w, c, n - c))
     return Candidate(w, slot, rank, blocks, (c,), job_cost(w, job, [c]))

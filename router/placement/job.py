@@ -10,8 +10,11 @@ from dataclasses import dataclass, field
 from sgl_moe.router.membership.worker import Worker
 from sgl_moe.router.placement.pending import Promise
 
+_NOW = object()
+"""``Job``'s default ``arrived``: the clock when it is made."""
 
-@dataclass(eq=False, slots=True)
+
+@dataclass(eq=False, slots=True, init=False)
 class Job:
     """One unit of placement: a request (all its prompts go to one worker)."""
 
@@ -39,13 +42,32 @@ class Job:
     """How long that wait may last before the job spills by time alone, fixed when the wait starts
     (``PlacementPolicy.wait_limit``)."""
 
+    def __init__(self, rid: str, prompt_lens: list[int], keys: list[list[int]], shared_prefix_len: int = 0,
+                 max_new_tokens: int = 1, exclude: frozenset[str] = frozenset(), arrived: float = _NOW,  # type: ignore[assignment]
+                 future: asyncio.Future | None = None, waiting_for: str | None = None, waiting_cost: float = 0.0,
+                 held: bool = False, wait_started: float | None = None, wait_limit_s: float | None = None) -> None:
+        # Written out (``init=False``): compiled, it runs as C; the one ``dataclass`` writes runs interpreted.
+        self.rid = rid
+        self.prompt_lens = prompt_lens
+        self.keys = keys
+        self.shared_prefix_len = shared_prefix_len
+        self.max_new_tokens = max_new_tokens
+        self.exclude = exclude
+        self.arrived = time.monotonic() if arrived is _NOW else arrived
+        self.future = future
+        self.waiting_for = waiting_for
+        self.waiting_cost = waiting_cost
+        self.held = held
+        self.wait_started = wait_started
+        self.wait_limit_s = wait_limit_s
+
     @property
     def affinity(self) -> bool:
         """Whether the job is placed by the prefix its workers hold (else by load alone)."""
         return bool(self.keys)
 
 
-@dataclass(eq=False, slots=True)
+@dataclass(eq=False, slots=True, init=False)
 class Placement:
     """A job given to a worker, with its reservation (``cost`` in-flight FLOPs) made until ``release``."""
 
@@ -64,3 +86,21 @@ class Placement:
     settle: Callable[[bool], None] | None = None
     """Set when another router replica made this placement (``replicas.shared_placement``): releasing it tells
     that replica (``ok``) instead of this router's scheduler, which reserved nothing."""
+
+    def __init__(self, job: Job, worker: Worker, slot: int, dp_rank: int, cost: float, predicted_cached_tokens: int,
+                 matched_blocks: int, reason: str, queued_s: float, decision_s: float, promise: Promise | None = None,
+                 released: bool = False, settle: Callable[[bool], None] | None = None) -> None:
+        # Written out (``init=False``): compiled, it runs as C; the one ``dataclass`` writes runs interpreted.
+        self.job = job
+        self.worker = worker
+        self.slot = slot
+        self.dp_rank = dp_rank
+        self.cost = cost
+        self.predicted_cached_tokens = predicted_cached_tokens
+        self.matched_blocks = matched_blocks
+        self.reason = reason
+        self.queued_s = queued_s
+        self.decision_s = decision_s
+        self.promise = promise
+        self.released = released
+        self.settle = settle

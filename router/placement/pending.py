@@ -23,7 +23,7 @@ from typing import Protocol
 from sgl_moe.router.placement.block_index import BlockIndex
 
 
-@dataclass(eq=False, slots=True)
+@dataclass(eq=False, slots=True, init=False)
 class Promise:
     rid: str
     slot: int
@@ -34,6 +34,17 @@ class Promise:
     waiting_on: int | None = None
     """The uncommitted block it waits on, completed (``PendingLedger``); None otherwise."""
     retired: bool = False
+
+    def __init__(self, rid: str, slot: int, keys: list[int], completed_at: float | None = None, serial: int = 0,
+                 waiting_on: int | None = None, retired: bool = False) -> None:
+        # Written out (``init=False``): compiled, it runs as C; the one ``dataclass`` writes runs interpreted.
+        self.rid = rid
+        self.slot = slot
+        self.keys = keys
+        self.completed_at = completed_at
+        self.serial = serial
+        self.waiting_on = waiting_on
+        self.retired = retired
 
 
 class LedgerObserver(Protocol):

@@ -445,7 +445,7 @@ class PrefixMemo:
             self._hint_ids = 0
 
 
-@dataclass
+@dataclass(init=False)
 class _Plan:
     node: MemoNode
     """The deepest memo node the text matched (the root: none)."""
@@ -457,6 +457,15 @@ class _Plan:
     """The hint ``path`` starts with."""
     text: str
     """The whole text."""
+
+    def __init__(self, node: MemoNode, path: list[MemoNode], to_encode: list[str], hint: _Hint | None,
+                 text: str) -> None:
+        # Written out (``init=False``): compiled, it runs as C; the one ``dataclass`` writes runs interpreted.
+        self.node = node
+        self.path = path
+        self.to_encode = to_encode
+        self.hint = hint
+        self.text = text
 
 
 @dataclass(eq=False)

@@ -94,7 +94,7 @@ def parse_request(endpoint: str, raw: bytes, *, tokenizer: RouterTokenizer, serv
     return parse(_Context(endpoint, body, tokenizer, served_model_name, context_length, limits))
 
 
-@dataclass
+@dataclass(init=False)
 class _Context:
     endpoint: str
     body: dict
@@ -102,6 +102,16 @@ class _Context:
     served_model_name: str
     context_length: int
     limits: RequestLimits
+
+    def __init__(self, endpoint: str, body: dict, tokenizer: RouterTokenizer, served_model_name: str,
+                 context_length: int, limits: RequestLimits) -> None:
+        # Written out (``init=False``): compiled, it runs as C; the one ``dataclass`` writes runs interpreted.
+        self.endpoint = endpoint
+        self.body = body
+        self.tokenizer = tokenizer
+        self.served_model_name = served_model_name
+        self.context_length = context_length
+        self.limits = limits
 
     def result(self, body: dict, prompts: list[list[int]], *, namespace: Namespace, max_new_tokens: int,
                stream: bool, model: str | None, affinity: bool,

@@ -67,6 +67,21 @@ def test_every_prompt_costs_its_flops_plus_the_workers_overhead():
     assert w.describe(BlockIndex())["request_overhead_flops"] == FULL
 
 
+def test_the_compiled_prefill_cost_is_the_flops_models_float_to_the_bit():
+    """``candidates.prefill_cost`` writes ``FlopsModel.request_flops`` out (it runs compiled); placement compares
+    costs, so it must be the same float, not a close one."""
+    import random
+
+    from sgl_moe.router.placement.candidates import prefill_cost
+
+    rng = random.Random(7)
+    for overhead in (None, FULL, 1234.5678):
+        w = _worker(overhead)
+        for cached, new in [(0, 0), (0, 1), (1, 0), (255, 1), *((rng.randrange(200_000), rng.randrange(1, 200_000))
+                                                                 for _ in range(2000))]:
+            assert prefill_cost(w, cached, new) == w.request_overhead_flops + w.flops.request_flops(cached, new)
+
+
 def _hot_prefix_run(overhead: float, reports_stored: bool = True, **cfg) -> dict[str, int]:
     """16 requests sharing a 256-token prefix that w0 holds, offered at once to two workers whose Θ is the
     same 4 full requests of work in flight; returns where they went (placed now or left queued).
