@@ -13,7 +13,7 @@ from sgl_moe.router.config import RouterConfig
 from sgl_moe.router.front.front_processes import FrontSockets, FrontStartError
 from sgl_moe.router.front.http_server import serve
 from sgl_moe.router.front.service import ROUTER, build_app, hot_routes, tune_gc
-from sgl_moe.router.membership import kv_events
+from sgl_moe.router.membership import event_listener, kv_events
 from sgl_moe.router.placement import block_tables, prefix_homes
 from sgl_moe.router.request import block_hash, router_tokenizer, token_cuts, token_ids, word_pieces
 from sgl_moe.router.request.router_tokenizer import encode_batches_serially, keep_torch_out
@@ -72,12 +72,12 @@ def native_loops() -> str:
     where = {"page hashes": block_hash.NATIVE, "word pieces": word_pieces.NATIVE,
              "new pieces' BPE": router_tokenizer.NATIVE_BPE, "block tables": block_tables.NATIVE,
              "prefix homes": prefix_homes.NATIVE, "KV-event payloads": kv_events.NATIVE, "cut scan": token_cuts.NATIVE,
-             "ids' JSON": token_ids.NATIVE}
+             "ids' JSON": token_ids.NATIVE, "KV-event reads": event_listener.NATIVE}
     if all(where.values()):
         from sgl_moe.router.request import native_page_hash
 
-        return (f"page hashes, word pieces, new pieces' BPE, block tables, prefix homes, KV-event payloads, the cut "
-                f"scan and the ids' JSON in C "
+        return (f"page hashes, word pieces, new pieces' BPE, block tables, prefix homes, KV-event payloads and reads, "
+                f"the cut scan and the ids' JSON in C "
                 f"(SHA-256: {native_page_hash.backend()})")
     python = ", ".join(name for name, native in where.items() if not native)
     return (f"{python} in Python: the install did not build their C extension (no C compiler?), so the router "
