@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 import urllib.request
@@ -26,21 +27,32 @@ def _info(url: str) -> dict:
         return json.loads(resp.read())
 
 
-def test_stand_in_publishes_the_pages_it_stores_evicts_and_clears():
-    """A cache of 4 pages: a 3-page prompt is stored whole; a second, different one evicts the 2 oldest pages
-    first and stores its 3 (its partial last page is not a block); the first prompt again, its first page evicted,
-    is stored whole; a flush clears everything. (The hashes are SGLang's page hashes of the ids sent: they say
-    which tokens were stored.)"""
-    fleet = StandInFleet(1, 4 * PAGE, per_token_s=0.0, step_s=0.0, tokenize=False, kv_events=True).start()
+@contextlib.contextmanager
+def _subscribed(pool_tokens: int, step_s: float):
+    """One stand-in publishing KV events, its ``kv_events`` entry, and a plain ZMQ subscriber that has joined."""
+    fleet = StandInFleet(1, pool_tokens, per_token_s=0.0, step_s=step_s, tokenize=False, kv_events=True).start()
     ctx = zmq.Context()
     sub = ctx.socket(zmq.SUB)
     try:
         [worker] = fleet.workers
         [described] = _info(worker.url)["kv_events"]
-        assert described["dp_rank"] == 0 and described["replay_endpoint"] and described["topic"] == "kv"
         sub.setsockopt(zmq.SUBSCRIBE, b"")
         sub.connect(described["endpoint"])
         time.sleep(0.3)  # PUB/SUB: a subscriber joins late (the router asks the replay socket; this test waits)
+        yield worker, described, sub
+    finally:
+        sub.close(0)
+        ctx.term()
+        fleet.stop()
+
+
+def test_stand_in_publishes_the_pages_it_stores_evicts_and_clears():
+    """A cache of 4 pages: a 3-page prompt is stored whole; a second, different one evicts the 2 oldest pages
+    first and stores its 3 (its partial last page is not a block); the first prompt again, its first page evicted,
+    is stored whole; a flush clears everything. (The hashes are SGLang's page hashes of the ids sent: they say
+    which tokens were stored.)"""
+    with _subscribed(4 * PAGE, 0.0) as (worker, described, sub):
+        assert described["dp_rank"] == 0 and described["replay_endpoint"] and described["topic"] == "kv"
 
         a = list(range(1000, 1000 + 3 * PAGE))
         b = list(range(5000, 5000 + 3 * PAGE + 5))
@@ -63,10 +75,6 @@ def test_stand_in_publishes_the_pages_it_stores_evicts_and_clears():
         assert third == [BlockRemoved(block_hashes=[hb[0], hb[1]]),
                          BlockStored(block_hashes=ha, parent_block_hash=None, block_size=PAGE)]
         assert flushed == [AllBlocksCleared()]
-    finally:
-        sub.close(0)
-        ctx.term()
-        fleet.stop()
 
 
 def test_events_made_while_a_batch_runs_are_published_together_when_it_ends():
@@ -74,15 +82,7 @@ def test_events_made_while_a_batch_runs_are_published_together_when_it_ends():
     published at once; two more arrive while its batch computes, and theirs come in one batch when it ends."""
     import threading
 
-    fleet = StandInFleet(1, 64 * PAGE, per_token_s=0.0, step_s=0.4, tokenize=False, kv_events=True).start()
-    ctx = zmq.Context()
-    sub = ctx.socket(zmq.SUB)
-    try:
-        [worker] = fleet.workers
-        [described] = _info(worker.url)["kv_events"]
-        sub.setsockopt(zmq.SUBSCRIBE, b"")
-        sub.connect(described["endpoint"])
-        time.sleep(0.3)
+    with _subscribed(64 * PAGE, 0.4) as (worker, _, sub):
 
         a, b, c = (list(range(k, k + 2 * PAGE)) for k in (1000, 5000, 9000))
         first = threading.Thread(target=_post, args=(worker.url, "/generate", {"input_ids": a}))
@@ -102,7 +102,3 @@ def test_events_made_while_a_batch_runs_are_published_together_when_it_ends():
                                                  block_size=PAGE)]
         stored = sorted(tuple(e.block_hashes) for e in batches[1].events)
         assert stored == sorted(tuple(block_hashes(ids, PAGE)) for ids in (b, c))
-    finally:
-        sub.close(0)
-        ctx.term()
-        fleet.stop()
