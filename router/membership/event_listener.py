@@ -136,6 +136,10 @@ class EventListener:
         self._last_decode_warning = -math.inf
         self._task: asyncio.Task[None] | None = None
         self._stopped = False
+        self._woken: asyncio.Future[None] | None = None
+        """While the socket's reader delivers (``_on_readable``): what wakes the task for the backlog."""
+        self._read: Callable[[], list[list[bytes]]] = list
+        """What reads the socket's waiting messages (``_reading``), once ``run()`` has a socket."""
 
     async def run(self) -> None:
         """Deliver batches until ``stop()``. Bad input is counted and logged, never raised; an exception
@@ -163,21 +167,27 @@ class EventListener:
             backlog = self._backlog
             raw = zmq.Socket.shadow(sub.underlying)
             fd = raw.getsockopt(zmq.FD)
-            ready_now = _reading(raw)
+            loop = asyncio.get_running_loop()
+            self._read = _reading(raw)
             while True:
-                if not backlog:
-                    ready = ready_now()  # what has arrived, read in this turn without a future each
-                    while not ready:
-                        await _signalled(fd)
-                        ready = ready_now()
-                    for frames in ready:
-                        self._take(frames)
+                # In order, a batch is delivered by the socket's reader itself (``_on_readable``), in the turn it is
+                # read: no future, task step or yield per message. This task wakes only for what needs awaiting.
+                self._woken = woken = loop.create_future()
+                loop.add_reader(fd, self._on_readable)
+                self._on_readable()  # what came before the reader was registered
+                try:
+                    await woken
+                finally:
+                    self._woken = None
+                    # A replay polls this socket through zmq.asyncio, which registers its own reader on the same fd.
+                    loop.remove_reader(fd)
                 # Up to _CHUNK batches a turn: one a turn fell behind a busy router's requests (each finished request
                 # is a batch from its worker), and its tables with it (2.3 s behind, half the events unread, at
                 # 700 requests/s in benchmarks/router_capacity.py).
-                for _ in range(min(len(backlog), _CHUNK)):
-                    await self._handle(sub, backlog.popleft())
-                await asyncio.sleep(0)  # a ready socket answers without suspending: let others run
+                while backlog:
+                    for _ in range(min(len(backlog), _CHUNK)):
+                        await self._handle(sub, backlog.popleft())
+                    await asyncio.sleep(0)
         except asyncio.CancelledError:
             if not self._stopped:
                 raise
@@ -200,16 +210,51 @@ class EventListener:
         if task is not None and not task.done():
             task.get_loop().call_soon_threadsafe(task.cancel)
 
+    def _on_readable(self) -> None:
+        """The socket's reader: deliver what waits, while each batch follows the last delivered one.
+
+        Anything else (a gap, a sequence number gone back, the live copy of a replayed batch) and every batch after
+        it go to the backlog, and the listener's task is woken to handle them in order (``_handle``, which may
+        replay). A full read (``_CHUNK`` messages) reads again next turn: the socket's fd may not signal the rest.
+        An exception from the sink ends ``run()`` with it."""
+        woken = self._woken
+        if woken is None or woken.done():
+            return  # the task has the backlog; it reads again when it registers the reader anew
+        backlog = self._backlog
+        try:
+            messages = self._read()
+            for frames in messages:
+                received = self._received(frames)
+                if received is None:
+                    continue
+                if backlog or self._replayed or received.batch.seq != self._last + 1:
+                    backlog.append(received)
+                else:
+                    self._deliver(received, replayed=False)
+        except BaseException as exc:
+            woken.set_exception(exc)
+            return
+        if backlog:
+            woken.set_result(None)
+        elif len(messages) >= _CHUNK:
+            woken.get_loop().call_soon(self._on_readable)
+
     def _take(self, frames: list[bytes]) -> None:
         """Queue one live message; malformed, foreign-topic and fault-injected ones are skipped."""
+        received = self._received(frames)
+        if received is not None:
+            self._backlog.append(received)
+
+    def _received(self, frames: list[bytes]) -> _Received | None:
+        """One live message's batch; None for a malformed, foreign-topic or fault-injected one."""
         decoded = self._decode(frames)
         if decoded is None or decoded[0] != self.source.topic:
-            return
+            return None
         received = decoded[1]
         if received.batch.seq in self._drop_seqs:
             logger.debug("%s: dropping live seq %d (fault injection)", self._who, received.batch.seq)
-            return
-        self._backlog.append(received)
+            return None
+        return received
 
     async def _handle(self, sub: zmq.asyncio.Socket, received: _Received) -> None:
         """Deliver one live batch, after recovering whatever is missing before it."""
@@ -400,7 +445,7 @@ def _ready_messages(raw: zmq.Socket) -> list[list[bytes]]:
     """The messages a socket can hand over without waiting, at most ``_CHUNK`` of them. ``raw``: a plain
     (``Socket.shadow``) socket on the asyncio socket's handle, read without the future ``zmq.asyncio`` makes for each
     receive (6–9 µs a message on the 2-core VM). It asks the socket whether a message is there (``EVENTS``, which also
-    has it take in its pending commands, after which its ``zmq.FD`` signals the next change: ``_signalled``) rather
+    has it take in its pending commands, after which its ``zmq.FD`` signals the next change: ``EventListener._on_readable``) rather
     than reading until ``zmq.Again`` (6 µs for the exception pyzmq builds), and tells a message's last frame by
     ``Frame.more`` rather than asking ``RCVMORE``: each ``getsockopt`` costs pyzmq an option enum lookup, ~2 µs."""
     messages = []
@@ -416,24 +461,6 @@ def _ready_messages(raw: zmq.Socket) -> list[list[bytes]]:
             parts.append(frame.bytes)
         messages.append(parts)
     return messages
-
-
-async def _signalled(fd: int) -> None:
-    """Until the socket's ``zmq.FD`` is readable: its state changed since a read found nothing (a message may have
-    come; ``_ready_messages`` tells). Watched only while waiting, as ``zmq.asyncio`` watches it for a receive's
-    future, and without that future's machinery (its flag enums cost Python calls on every test)."""
-    loop = asyncio.get_running_loop()
-    woken = loop.create_future()
-    loop.add_reader(fd, _wake, woken)
-    try:
-        await woken
-    finally:
-        loop.remove_reader(fd)
-
-
-def _wake(woken: asyncio.Future) -> None:
-    if not woken.done():
-        woken.set_result(None)
 
 
 _EVENTS, _POLLIN, _NOBLOCK = int(zmq.EVENTS), int(zmq.POLLIN), int(zmq.NOBLOCK)

@@ -494,3 +494,34 @@ def test_stop_returns_promptly_even_during_a_replay():
         await asyncio.wait_for(stopped_first.run(), 0.5)
 
     asyncio.run(body())
+
+
+def test_an_error_from_the_sink_ends_the_run_with_it(publisher):
+    """In-order batches are delivered by the socket's reader callback, not the listener's task: an exception the
+    sink raises there still ends ``run()`` with that exception (not the event loop's exception handler), and the
+    batches before it were delivered."""
+    pub = publisher()
+
+    class Failing(RecordingSink):
+        def on_batch(self, source: EventSource, batch: EventBatch) -> None:
+            if batch.seq == failing_seq:
+                raise ValueError(f"sink refused seq {batch.seq}")
+            super().on_batch(source, batch)
+
+    sink, failing_seq = Failing(), 10**9
+
+    async def body() -> None:
+        nonlocal failing_seq
+        listener = EventListener(_source(pub), sink)
+        task = asyncio.create_task(listener.run())
+        await _until(lambda: listener.stats.replays == 1)
+        first = await _warm_up(pub, listener, limit=40)
+        failing_seq = first + 2
+        for i in range(first, first + 5):
+            pub.publish(_batch(i))
+        with pytest.raises(ValueError, match=f"sink refused seq {failing_seq}"):
+            await asyncio.wait_for(task, 5.0)
+        assert listener.stats.last_seq == failing_seq - 1
+
+    asyncio.run(body())
+    assert sink.seqs_since_reset() == list(range(sink.seqs_since_reset()[-1] + 1))
