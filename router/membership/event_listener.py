@@ -445,9 +445,10 @@ def _ready_messages(raw: zmq.Socket) -> list[list[bytes]]:
     """The messages a socket can hand over without waiting, at most ``_CHUNK`` of them. ``raw``: a plain
     (``Socket.shadow``) socket on the asyncio socket's handle, read without the future ``zmq.asyncio`` makes for each
     receive (6–9 µs a message on the 2-core VM). It asks the socket whether a message is there (``EVENTS``, which also
-    has it take in its pending commands, after which its ``zmq.FD`` signals the next change: ``EventListener._on_readable``) rather
-    than reading until ``zmq.Again`` (6 µs for the exception pyzmq builds), and tells a message's last frame by
-    ``Frame.more`` rather than asking ``RCVMORE``: each ``getsockopt`` costs pyzmq an option enum lookup, ~2 µs."""
+    has it take in its pending commands, after which its ``zmq.FD`` signals the next change:
+    ``EventListener._on_readable``) rather than reading until ``zmq.Again`` (6 µs for the exception pyzmq builds), and
+    tells a message's last frame by ``Frame.more`` rather than asking ``RCVMORE``: each ``getsockopt`` costs pyzmq an
+    option enum lookup, ~2 µs."""
     messages = []
     recv, get = raw.recv, raw.getsockopt
     while len(messages) < _CHUNK and get(_EVENTS) & _POLLIN:
