@@ -84,14 +84,17 @@ from sgl_moe.policy_bench.stream import StreamUnit
 ROUTERS = {"sgl_moe": ("sgl_moe", "longest_block_match"), "cache_aware": ("sglang-router", "cache_aware"),
            "round_robin": ("sglang-router", "round_robin"), "sgl_moe_no_memo": ("sgl_moe", "longest_block_match"),
            "sgl_moe_baseline": ("sgl_moe", "longest_block_match"),
-           "sgl_moe_aiohttp": ("sgl_moe", "longest_block_match")}
+           "sgl_moe_aiohttp": ("sgl_moe", "longest_block_match"),
+           "sgl_moe_unqueued": ("sgl_moe", "longest_block_match")}
 """``--routers`` name -> (engine, policy). ``sgl_moe_no_memo`` (not run unless named): sgl_moe with
 ``--no-prefix-memo``, every text encoded whole. ``sgl_moe_aiohttp``: sgl_moe with ``--http-server aiohttp``, every
-request on aiohttp's server instead of the bare protocols. ``sgl_moe_baseline``: sgl_moe's router from the checkout
-``--baseline`` names (e.g. a ``git worktree`` of an older commit), to compare two versions in one run. A checkout
-whose C extensions do not import (a worktree holds no built ``.so`` files) is refused, with the command that builds
-them in place (``sgl_moe.harness.native_modules``): it would run their Python references and measure slower than it
-is. ``--allow-python-fallbacks`` measures it anyway."""
+request on aiohttp's server instead of the bare protocols. ``sgl_moe_unqueued``: sgl_moe with Θ pinned out of reach
+(``--saturation-flops 1e30``), every request admitted at once as sglang-router does: its difference from ``sgl_moe``
+is what the admission queue costs where the stand-ins' Θ holds requests back (unique prompts). ``sgl_moe_baseline``:
+sgl_moe's router from the checkout ``--baseline`` names (e.g. a ``git worktree`` of an older commit), to compare two
+versions in one run. A checkout whose C extensions do not import (a worktree holds no built ``.so`` files) is
+refused, with the command that builds them in place (``sgl_moe.harness.native_modules``): it would run their Python
+references and measure slower than it is. ``--allow-python-fallbacks`` measures it anyway."""
 DEFAULT_ROUTERS = ["sgl_moe", "cache_aware", "round_robin"]
 INSTRUMENTED_START_S = 900.0
 """How long a router under callgrind (``--instructions``) may take to start: tens of times its usual seconds."""
@@ -340,6 +343,7 @@ class RouterSpec:
     def label(self) -> str:
         base = f"{self.engine} {self.policy}" + (" --no-prefix-memo" if self.name == "sgl_moe_no_memo" else "") + (
             " --http-server aiohttp" if self.name == "sgl_moe_aiohttp" else "") + (
+            " --saturation-flops 1e30" if self.name == "sgl_moe_unqueued" else "") + (
             f" (baseline {self.source.name})" if self.source is not None else "") + (
             f" (python {self.python})" if self.python is not None else "")
         return base if self.front_processes == 1 else f"{base} --front-processes {self.front_processes}"
@@ -349,6 +353,7 @@ class RouterSpec:
             return []
         return ["--log-level", "warning", *(["--no-prefix-memo"] if self.name == "sgl_moe_no_memo" else []),
                 *(["--http-server", "aiohttp"] if self.name == "sgl_moe_aiohttp" else []),
+                *(["--saturation-flops", "1e30"] if self.name == "sgl_moe_unqueued" else []),
                 *(["--front-processes", str(self.front_processes)] if self.front_processes > 1 else [])]
 
 
@@ -601,9 +606,15 @@ def table(result: dict) -> str:
                      + ", ".join(f"{s} {v:.2f}x" for s, v in per_stream.items()))
     counted = [r for r in result["rows"] if r.get("instructions_per_request")]
     if counted:
-        lines += ["", "Instructions per request (the router under callgrind, over the measured window):", "",
-                  "| stream | router | instructions/req |", "|---|---|---:|"]
-        lines += [f"| {r['stream']} | {r['router']} | {r['instructions_per_request']:,.0f} |" for r in counted]
+        lines += ["", "Instructions per request (the router under callgrind, over the measured window); the share "
+                  "libcrypto ran (SHA-256 of the page hashes) is counted without the CPU's SHA instructions, which "
+                  "callgrind does not emulate:", "",
+                  "| stream | router | instructions/req | in libcrypto | outside libcrypto |",
+                  "|---|---|---:|---:|---:|"]
+        for r in counted:
+            sha = sha_share(r.get("instructions_by_object", {}))
+            lines.append(f"| {r['stream']} | {r['router']} | {r['instructions_per_request']:,.0f} | {sha:.1%} | "
+                         f"{r['instructions_per_request'] * (1 - sha):,.0f} |")
         lines += ["", "Where those instructions ran (share of the window's, by the file whose code ran them; "
                   "files under 1% left out):", ""]
         lines += [f"- {r['stream']}, {r['router']}: {object_shares(r.get('instructions_by_object', {}))}"
@@ -613,6 +624,19 @@ def table(result: dict) -> str:
         lines.append(f"Instructions per request, {label} / sglang-router cache_aware: "
                      + ", ".join(f"{s} {v:.2f}x" for s, v in per_stream.items()))
     return "\n".join(lines)
+
+
+def sha_share(by_object: dict[str, int]) -> float:
+    """The share of ``callgrind.by_object``'s counts that ran in libcrypto (the page hashes' SHA-256).
+
+    Under callgrind OpenSSL's SHA-256 runs without the SHA extensions (valgrind's emulated CPU does not report them:
+    CPUID leaf 7 says ``sha=0`` under it, 1 on this VM's AMD EPYC), about 4,300 instructions a page; live, a page's
+    hash costs 180-240 ns with them and 460-590 ns with them masked (``OPENSSL_ia32cap=":~0x20000000"``). libcrypto
+    was 15-34% of the router's counted instructions and 2% of its live CPU samples (``perf``, unique-2000,
+    2026-12-02): the count outside libcrypto is the router's without that distortion (the live SHA work is small,
+    not zero)."""
+    total = sum(by_object.values())
+    return sum(v for k, v in by_object.items() if "libcrypto" in Path(k).name) / total if total else 0.0
 
 
 def object_shares(by_object: dict[str, int], floor: float = 0.01) -> str:

@@ -308,6 +308,8 @@ static int split_and_find(PieceTable *t, const char *s, Py_ssize_t n, Pieces *v)
             if (slot) {
                 p->slot = slot - t->slots;
                 v->total += slot->ids_len;
+                if (slot->ids_len > INLINE_IDS) /* kept out of line: ``assemble`` reads them soon after */
+                    __builtin_prefetch(t->ids + slot->ids_at);
             } else {
                 v->missing++;
             }
@@ -330,7 +332,18 @@ static PyObject *assemble(PieceTable *t, const Pieces *v, PyObject *const *fresh
             const Piece *p = &v->items[j];
             if (p->slot >= 0) {
                 const Slot *slot = &t->slots[p->slot];
-                memcpy(w, slot_ids(t, slot), slot->ids_len * sizeof(uint32_t));
+                const uint32_t *src = slot_ids(t, slot);
+                /* Most pieces are one or two ids: copied inline, not through a libc call each. */
+                switch (slot->ids_len) {
+                case 2:
+                    w[1] = src[1];
+                    /* fall through */
+                case 1:
+                    w[0] = src[0];
+                    break;
+                default:
+                    memcpy(w, src, slot->ids_len * sizeof(uint32_t));
+                }
                 w += slot->ids_len;
                 continue;
             }

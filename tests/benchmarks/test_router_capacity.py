@@ -124,9 +124,38 @@ def test_instructions_are_counted_for_each_router_over_its_measured_window(tmp_p
     assert any("/python3" in name for name in rows[ROUTERS[0]]["instructions_by_object"])  # the interpreter ran some
     assert "instructions_per_request" not in rows["direct to stand-in"]
     assert "| shared-50 | sgl_moe longest_block_match | " in proc.stdout and "instructions/req" in proc.stdout
+    assert "| in libcrypto | outside libcrypto |" in proc.stdout  # callgrind's SHA-256 without the SHA extensions
     head = "- shared-50, sgl_moe longest_block_match: "
     [split] = [line for line in proc.stdout.splitlines() if line.startswith(head)]
     assert "python3" in split, split
+
+
+def _bench_module():
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    try:
+        import router_capacity
+    finally:
+        sys.path.pop(0)
+    return router_capacity
+
+
+def test_sha_share_is_what_libcrypto_ran_of_the_counted_instructions():
+    sha_share = _bench_module().sha_share
+    assert sha_share({"/usr/lib/x86_64-linux-gnu/libcrypto.so.3": 30, "/usr/bin/python3.11": 70}) == 0.3
+    assert sha_share({"/usr/bin/python3.11": 70, "/usr/lib/x86_64-linux-gnu/libc.so.6": 30}) == 0.0
+    assert sha_share({}) == 0.0
+
+
+def test_the_unqueued_row_pins_theta_out_of_every_requests_reach():
+    """``sgl_moe_unqueued``: the same router with Θ pinned at 1e30 FLOPs (no request is ever held in the queue),
+    named so in its row; the other rows pass no Θ."""
+    bench = _bench_module()
+    spec = bench.RouterSpec("sgl_moe_unqueued", *bench.ROUTERS["sgl_moe_unqueued"])
+    args = spec.extra_args()
+    assert float(args[args.index("--saturation-flops") + 1]) >= 1e30
+    assert spec.label.endswith("--saturation-flops 1e30")
+    plain = bench.RouterSpec("sgl_moe", *bench.ROUTERS["sgl_moe"])
+    assert "--saturation-flops" not in plain.extra_args() and "saturation" not in plain.label
 
 
 def test_every_router_runs_both_before_and_after_each_other_one():
