@@ -159,11 +159,7 @@ def test_the_unqueued_row_pins_theta_out_of_every_requests_reach():
 
 
 def test_every_router_runs_both_before_and_after_each_other_one():
-    sys.path.insert(0, str(REPO / "benchmarks"))
-    try:
-        from router_capacity import run_order
-    finally:
-        sys.path.pop(0)
+    run_order = _bench_module().run_order
     entries = ["direct", "a", "b", "c"]
     assert run_order(entries, 0) == entries and run_order(entries, 1) == entries[::-1]
     for repeats in (2, 4, 6):
