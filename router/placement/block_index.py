@@ -91,18 +91,20 @@ class BlockIndex:
         return self._tables.all_committed(slot, hashes)
 
     # -- pending table (routed requests) -----------------------------------------------------
-    def promise(self, slot: int, hashes: Iterable[int]) -> list[int]:
-        """One more promise of each hash; returns those the pending table gained (first promise there)."""
+    def promise(self, slot: int, hashes: Iterable[int]) -> Sequence[int]:
+        """One more promise of each hash; returns those the pending table gained (first promise there), packed as
+        ``store``'s."""
         try:
-            return self._tables.promise(slot, hashes)
+            return _unpacked(self._tables.promise(slot, hashes))
         except OverflowError:  # a hash outside the C tables' range (nothing was changed)
             self._to_python("a promised block hash outside the signed 64-bit range")
             return self._tables.promise(slot, hashes)
 
-    def retire(self, slot: int, hashes: Iterable[int]) -> list[int] | None:
+    def retire(self, slot: int, hashes: Iterable[int]) -> Sequence[int] | None:
         """Drop one promise of each hash (the request that made it finished or failed); returns the hashes the
-        target no longer holds in either table (their last promise, not committed), None if the target is gone."""
-        return self._tables.retire(slot, hashes)
+        target no longer holds in either table (their last promise, not committed), packed as ``store``'s, None if
+        the target is gone."""
+        return _unpacked(self._tables.retire(slot, hashes))
 
     # -- queries -----------------------------------------------------------------------------
     def match(self, hashes: Sequence[int], slots_mask: int) -> dict[int, int]:

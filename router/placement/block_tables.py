@@ -14,9 +14,10 @@ a few integer operations per block.
 
 from __future__ import annotations
 
-import array
 from collections.abc import Iterable, Sequence
 from typing import Any
+
+from sgl_moe.router.request.block_hash import PackedHashes
 
 try:
     from sgl_moe.router.placement import native_block_tables
@@ -25,19 +26,7 @@ except ImportError:  # no C compiler at install: the Python tables below
 
 NATIVE = native_block_tables is not None
 
-
-class PackedHashes(array.array):
-    """Block hashes as signed 64-bit ints in one buffer (an ``array`` of ``q``, made ``PackedHashes("q", raw)``): the
-    KV-event reader's (``kv_events``), which the C tables' ``store`` and ``remove`` read without an int object per
-    hash and answer packed in turn. A sequence of ints otherwise, equal to a list of the same ints."""
-
-    __hash__ = None  # type: ignore[assignment]
-
-    def __eq__(self, other: object) -> bool:
-        return self.tolist() == other if isinstance(other, list) else super().__eq__(other)
-
-    def __ne__(self, other: object) -> bool:
-        return not self == other
+__all__ = ["NATIVE", "BlockTablesPy", "PackedHashes", "new_block_tables"]
 
 
 class BlockTablesPy:

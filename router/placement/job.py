@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from sgl_moe.router.membership.worker import Worker
@@ -20,9 +20,10 @@ class Job:
 
     rid: str
     prompt_lens: list[int]
-    keys: list[list[int]]
-    """Block hashes of each prompt (one list per prompt, empty for a prompt shorter than a page); no lists
-    at all (``[]``) when the request is routed without affinity: it is then placed by load alone."""
+    keys: list[Sequence[int]]
+    """Block hashes of each prompt (one sequence per prompt, empty for a prompt shorter than a page: the router's
+    are ``PackedHashes``, a list of ints does the same); none at all (``[]``) when the request is routed without
+    affinity: it is then placed by load alone."""
     shared_prefix_len: int = 0
     max_new_tokens: int = 1
     exclude: frozenset[str] = frozenset()
@@ -42,7 +43,7 @@ class Job:
     """How long that wait may last before the job spills by time alone, fixed when the wait starts
     (``PlacementPolicy.wait_limit``)."""
 
-    def __init__(self, rid: str, prompt_lens: list[int], keys: list[list[int]], shared_prefix_len: int = 0,
+    def __init__(self, rid: str, prompt_lens: list[int], keys: list[Sequence[int]], shared_prefix_len: int = 0,
                  max_new_tokens: int = 1, exclude: frozenset[str] = frozenset(), arrived: float = _NOW,  # type: ignore[assignment]
                  future: asyncio.Future | None = None, waiting_for: str | None = None, waiting_cost: float = 0.0,
                  held: bool = False, wait_started: float | None = None, wait_limit_s: float | None = None) -> None:

@@ -11,13 +11,17 @@ tokenizer was found inexact). Frames: a 4-byte big-endian length, then a msgpack
 
 from __future__ import annotations
 
+import array
 import asyncio
 import struct
+import sys
 from typing import Any
 
 import msgspec
 
-VERSION = 1
+from sgl_moe.router.request.block_hash import PackedHashes
+
+VERSION = 2
 MAX_FRAME = 256 * 2**20
 """A frame larger than this is a broken peer (a request's keys are at most --max-request-tokens hashes)."""
 
@@ -33,12 +37,25 @@ class Place(msgspec.Struct, tag=True, frozen=True):
     """The front's number for this request (unique per connection); ``Placed``/``Release`` name it."""
     rid: str
     prompt_lens: list[int]
-    keys: list[list[int]]
-    """``Job.keys``: block hashes per prompt, ``[]`` for no affinity."""
+    keys: list[list[int] | bytes]
+    """``Job.keys``: block hashes per prompt, ``[]`` for no affinity. Packed hashes (``PackedHashes``) travel as the
+    bytes of their int64s, little-endian (a replica's owner may be another host); ``place_keys`` packs them again."""
     shared_prefix_len: int
     max_new_tokens: int
     fingerprint: bytes
     """``SuspectList.fingerprint``: a request the owner holds for a suspect is delegated to it."""
+
+
+def place_keys(msg: Place) -> list[list[int] | PackedHashes]:
+    """``msg.keys`` as ``Job.keys``: packed hashes packed again."""
+    return [_unpack(k) if type(k) is bytes else k for k in msg.keys]
+
+
+def _unpack(raw: bytes) -> PackedHashes:
+    hashes = PackedHashes("q", raw)
+    if sys.byteorder != "little":
+        hashes.byteswap()
+    return hashes
 
 
 class Release(msgspec.Struct, tag=True, frozen=True):
@@ -101,7 +118,18 @@ class Model(msgspec.Struct, tag=True, frozen=True):
 ToOwner = Hello | Place | Release | Cancel
 ToFront = Placed | Refused | Delegate | Model
 
-_encoder = msgspec.msgpack.Encoder()
+def packed_as_bytes(obj: Any) -> Any:
+    """msgspec's hook for types it does not encode: packed hashes (an ``array`` of ``q``) as their bytes,
+    little-endian."""
+    if isinstance(obj, array.array) and obj.typecode == "q":
+        if sys.byteorder != "little":
+            obj = array.array("q", obj)
+            obj.byteswap()
+        return obj.tobytes()
+    raise NotImplementedError(f"cannot encode {type(obj).__name__}")
+
+
+_encoder = msgspec.msgpack.Encoder(enc_hook=packed_as_bytes)
 _to_owner = msgspec.msgpack.Decoder(ToOwner)
 _to_front = msgspec.msgpack.Decoder(ToFront)
 _LEN = struct.Struct(">I")

@@ -24,6 +24,8 @@
 #include <string.h>
 #include <sys/mman.h>
 
+#include "packed_hashes.h"
+
 #define MAX_SLOTS 64
 
 typedef struct {
@@ -290,44 +292,97 @@ static inline int key_of(PyObject *h, int64_t *key) {
     return overflow ? 0 : 1;
 }
 
-/* The hashes as keys (``*keys``, PyMem; ``*ok[i]`` 0 for a hash outside the range) and their sequence; with
-   ``strict`` a hash outside the range raises OverflowError. NULL with an error set on failure. */
-static PyObject *keys_of(PyObject *hashes, int strict, int64_t **keys, char **ok) {
-    PyObject *seq = PySequence_Fast(hashes, "hashes must be iterable");
-    if (seq == NULL)
-        return NULL;
-    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
-    PyObject **items = PySequence_Fast_ITEMS(seq);
-    *keys = PyMem_Malloc((size_t)(n ? n : 1) * sizeof(int64_t));
-    *ok = PyMem_Malloc((size_t)(n ? n : 1));
-    if (*keys == NULL || *ok == NULL) {
+/* Hashes read as keys, for the calls that go over all of them (``store``, ``remove``, ``promise``, ``retire``):
+   ``keys[k]`` (PyMem), ``ok[k]`` 0 for a hash outside the key range. Packed hashes (``packed_view``) are copied as
+   they are; a sequence of ints is converted, and ``items`` are its ints (the same objects go in a list answer);
+   with ``strict`` a hash outside the range raises OverflowError. */
+typedef struct {
+    Py_ssize_t n;
+    int64_t *keys;
+    char *ok;
+    int packed;
+    Py_buffer view; /* held while ``packed`` */
+    PyObject *seq;  /* the sequence (not packed) */
+    PyObject **items;
+} Keys;
+
+static void keys_close(Keys *k) {
+    PyMem_Free(k->keys);
+    PyMem_Free(k->ok);
+    k->keys = NULL;
+    k->ok = NULL;
+    if (k->packed)
+        PyBuffer_Release(&k->view);
+    Py_CLEAR(k->seq);
+    k->packed = 0;
+}
+
+/* 0, or -1 with an error set (nothing held). */
+static int keys_open(PyObject *hashes, int strict, Keys *k) {
+    memset(k, 0, sizeof *k);
+    k->packed = packed_view(hashes, &k->view);
+    if (k->packed < 0) {
+        k->packed = 0;
+        return -1;
+    }
+    if (k->packed) {
+        k->n = k->view.len / 8;
+    } else {
+        if ((k->seq = PySequence_Fast(hashes, "hashes must be iterable")) == NULL)
+            return -1;
+        k->n = PySequence_Fast_GET_SIZE(k->seq);
+        k->items = PySequence_Fast_ITEMS(k->seq);
+    }
+    k->keys = PyMem_Malloc((size_t)(k->n ? k->n : 1) * sizeof(int64_t));
+    k->ok = PyMem_Malloc((size_t)(k->n ? k->n : 1));
+    if (k->keys == NULL || k->ok == NULL) {
         PyErr_NoMemory();
         goto fail;
     }
-    for (Py_ssize_t k = 0; k < n; k++) {
-        int r = key_of(items[k], &(*keys)[k]);
+    if (k->packed) {
+        memcpy(k->keys, k->view.buf, (size_t)k->n * sizeof(int64_t));
+        memset(k->ok, 1, (size_t)k->n);
+        return 0;
+    }
+    for (Py_ssize_t i = 0; i < k->n; i++) {
+        int r = key_of(k->items[i], &k->keys[i]);
         if (r < 0)
             goto fail;
         if (r == 0 && strict) {
             PyErr_SetString(PyExc_OverflowError, "block hash outside the signed 64-bit range");
             goto fail;
         }
-        (*ok)[k] = (char)r;
+        k->ok[i] = (char)r;
     }
-    return seq;
+    return 0;
 fail:
-    PyMem_Free(*keys);
-    PyMem_Free(*ok);
-    *keys = NULL;
-    *ok = NULL;
-    Py_DECREF(seq);
-    return NULL;
+    keys_close(k);
+    return -1;
 }
 
-static void keys_done(PyObject *seq, int64_t *keys, char *ok) {
-    PyMem_Free(keys);
-    PyMem_Free(ok);
-    Py_DECREF(seq);
+/* The answer of a call over ``k``: the hashes at the positions ``chosen`` marks (``ok`` reused as the mark), a list
+   of the same ints for a sequence, a ``bytes`` of their int64s for packed hashes (``BlockIndex`` wraps it). */
+static PyObject *chosen_answer(const Keys *k, const char *chosen) {
+    Py_ssize_t m = 0;
+    for (Py_ssize_t i = 0; i < k->n; i++)
+        m += chosen[i] != 0;
+    if (k->packed) {
+        PyObject *out = PyBytes_FromStringAndSize(NULL, m * 8);
+        if (out == NULL)
+            return NULL;
+        int64_t *to = (int64_t *)PyBytes_AS_STRING(out);
+        for (Py_ssize_t i = 0; i < k->n; i++)
+            if (chosen[i])
+                *to++ = k->keys[i];
+        return out;
+    }
+    PyObject *out = PyList_New(m);
+    if (out == NULL)
+        return NULL;
+    for (Py_ssize_t i = 0, j = 0; i < k->n; i++)
+        if (chosen[i])
+            PyList_SET_ITEM(out, j++, Py_NewRef(k->items[i]));
+    return out;
 }
 
 #define NEED_ARGS(n, name)                                                                  \
@@ -416,24 +471,6 @@ static PyObject *BT_remove_target(BlockTables *t, PyObject *arg) {
 /* -- committed tables (KV events) ------------------------------------------------------------------------------ */
 /* store / remove: the hashes the committed table gained / lost, judged against the table before the call (a
    hash listed twice is listed twice), then the change. */
-/* Whether ``hashes`` is a buffer of signed 64-bit ints (``block_tables.PackedHashes``: the KV-event reader's hashes,
-   an ``array`` of ``q``): then ``view`` holds it (released by the caller). 0 for anything else (a list); -1 with an
-   error set. */
-static int packed_view(PyObject *hashes, Py_buffer *view) {
-    if (PyList_CheckExact(hashes) || !PyObject_CheckBuffer(hashes))
-        return 0;
-    if (PyObject_GetBuffer(hashes, view, PyBUF_FORMAT | PyBUF_C_CONTIGUOUS) < 0)
-        return -1;
-    const char *f = view->format ? view->format : "B";
-    if (*f == '@' || *f == '=' || *f == '<')
-        f++;
-    if (view->itemsize != 8 || (strcmp(f, "q") != 0 && strcmp(f, "l") != 0)) {
-        PyBuffer_Release(view);
-        return 0;
-    }
-    return 1;
-}
-
 /* ``store``/``remove``. The hashes come as a sequence of ints (the answer: a list of those chosen, the same objects)
    or packed (``packed_view``: the answer packed too, a ``bytes`` of their int64s that ``BlockIndex`` wraps), which
    spares a KV event's hashes an int object each both ways: made by the payload's reader, read back here (250 stored
@@ -444,63 +481,30 @@ static PyObject *commit(BlockTables *t, PyObject *const *args, Py_ssize_t nargs,
     if (s < 0)
         return NULL;
     uint64_t bit = 1ULL << s;
-    Py_buffer view;
-    int packed = packed_view(args[1], &view);
-    if (packed < 0)
+    Keys k;
+    if (keys_open(args[1], storing, &k) < 0)
         return NULL;
-    int64_t *keys;
-    char *ok;
-    PyObject *seq = NULL, **items = NULL, *out = NULL;
-    Py_ssize_t n, chosen = 0;
-    if (packed) {
-        n = view.len / 8;
-        keys = PyMem_Malloc((size_t)(n ? n : 1) * sizeof(int64_t)); /* (copied: a view need not be aligned) */
-        ok = PyMem_Malloc((size_t)(n ? n : 1));
-        if (keys == NULL || ok == NULL) {
-            PyMem_Free(keys);
-            PyMem_Free(ok);
-            PyBuffer_Release(&view);
-            return PyErr_NoMemory();
-        }
-        memcpy(keys, view.buf, (size_t)n * sizeof(int64_t));
-        memset(ok, 1, (size_t)n);
-    } else {
-        seq = keys_of(args[1], storing, &keys, &ok);
-        if (seq == NULL)
-            return NULL;
-        n = PySequence_Fast_GET_SIZE(seq);
-        items = PySequence_Fast_ITEMS(seq);
-        if ((out = PyList_New(0)) == NULL)
-            goto done;
-    }
+    Py_ssize_t n = k.n;
+    int64_t *keys = k.keys;
+    char *ok = k.ok;
     prefetch_first(t, keys, n);
-    for (Py_ssize_t k = 0; k < n; k++) {
-        if (k + AHEAD < n)
-            prefetch_home(t, keys[k + AHEAD]);
-        if (!ok[k])
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (i + AHEAD < n)
+            prefetch_home(t, keys[i + AHEAD]);
+        if (!ok[i])
             continue;
-        int64_t at = find(t, keys[k]);
+        int64_t at = find(t, keys[i]);
         int held = at >= 0 && (t->blocks[at].committed & bit);
-        ok[k] = storing ? !held : held; /* now: whether it goes in the answer */
-        chosen += ok[k];
-        if (ok[k] && !packed && PyList_Append(out, items[k]) < 0) {
-            Py_CLEAR(out);
-            goto done;
-        }
+        ok[i] = (char)(storing ? !held : held); /* now: whether it goes in the answer */
     }
-    if (packed) {
-        if ((out = PyBytes_FromStringAndSize(NULL, chosen * 8)) == NULL)
-            goto done;
-        int64_t *to = (int64_t *)PyBytes_AS_STRING(out);
-        for (Py_ssize_t k = 0; k < n; k++)
-            if (ok[k])
-                *to++ = keys[k];
-    }
-    for (Py_ssize_t k = 0; k < n; k++) {
-        if (!ok[k])
+    PyObject *out = chosen_answer(&k, ok);
+    if (out == NULL)
+        goto done;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (!ok[i])
             continue;
         if (storing) {
-            int64_t at = find_or_add(t, keys[k]);
+            int64_t at = find_or_add(t, keys[i]);
             if (at < 0) {
                 Py_CLEAR(out); /* (no memory: the tables hold the blocks committed so far) */
                 goto done;
@@ -511,7 +515,7 @@ static PyObject *commit(BlockTables *t, PyObject *const *args, Py_ssize_t nargs,
                 t->n_committed[s]++;
             }
         } else {
-            int64_t at = find(t, keys[k]);
+            int64_t at = find(t, keys[i]);
             if (at < 0 || !(t->blocks[at].committed & bit))
                 continue; /* (listed twice) */
             t->blocks[at].committed &= ~bit;
@@ -521,13 +525,7 @@ static PyObject *commit(BlockTables *t, PyObject *const *args, Py_ssize_t nargs,
         }
     }
 done:
-    if (packed) {
-        PyMem_Free(keys);
-        PyMem_Free(ok);
-        PyBuffer_Release(&view);
-    } else {
-        keys_done(seq, keys, ok);
-    }
+    keys_close(&k);
     return out;
 }
 
@@ -568,13 +566,42 @@ static PyObject *BT_is_committed(BlockTables *t, PyObject *const *args, Py_ssize
 #define WALK_ERROR (-3)
 
 typedef struct {
-    PyObject **items;
+    PyObject **items; /* the ints of a sequence; NULL for packed hashes (``view``) */
     Py_ssize_t n;
-    Py_ssize_t next;  /* the next hash to read from ``items`` (into ``keys[next % AHEAD]``) */
+    Py_ssize_t next;  /* the next hash to read (into ``keys[next % AHEAD]``) */
     Py_ssize_t taken; /* hashes already looked up */
     int64_t keys[AHEAD];
     signed char ok[AHEAD]; /* 1: a key; 0: an int outside the key range (absent); -1: not an int */
+    PyObject *seq;    /* the sequence ``items`` are of */
+    Py_buffer view;   /* packed hashes (``packed_view``), held while ``items`` is NULL */
 } Walk;
+
+/* A walk over ``hashes``: packed (``packed_view``) or any sequence of ints. 0, or -1 with an error set; a walk
+   opened is closed with ``walk_close``. */
+static int walk_open(PyObject *hashes, Walk *w, const char *not_a_sequence) {
+    w->next = w->taken = 0;
+    w->seq = NULL;
+    w->items = NULL;
+    int packed = packed_view(hashes, &w->view);
+    if (packed < 0)
+        return -1;
+    if (packed) {
+        w->n = w->view.len / 8;
+        return 0;
+    }
+    if ((w->seq = PySequence_Fast(hashes, not_a_sequence)) == NULL)
+        return -1;
+    w->items = PySequence_Fast_ITEMS(w->seq);
+    w->n = PySequence_Fast_GET_SIZE(w->seq);
+    return 0;
+}
+
+static void walk_close(Walk *w) {
+    if (w->seq != NULL)
+        Py_CLEAR(w->seq);
+    else
+        PyBuffer_Release(&w->view);
+}
 
 /* The entry of the walk's next hash (-1: absent, or a hash outside the key range), WALK_END after the last, or
    WALK_ERROR with an error set (not an int). Inlined into each walk: called, the read-ahead cost 77% more
@@ -582,8 +609,10 @@ typedef struct {
 static inline __attribute__((always_inline)) int64_t walk_next(BlockTables *t, Walk *w) {
     for (; w->next < w->n && w->next - w->taken < AHEAD; w->next++) {
         Py_ssize_t k = w->next & (AHEAD - 1);
-        int r = key_of(w->items[w->next], &w->keys[k]);
-        if (r < 0)
+        int r = 1;
+        if (w->items == NULL)
+            w->keys[k] = packed_at(&w->view, w->next);
+        else if ((r = key_of(w->items[w->next], &w->keys[k])) < 0)
             PyErr_Clear(); /* raised when the walk reaches it: a walk that stops before it raises nothing */
         w->ok[k] = (signed char)r;
         if (r > 0)
@@ -606,15 +635,14 @@ static PyObject *BT_all_committed(BlockTables *t, PyObject *const *args, Py_ssiz
     int s = live_slot(t, args[0]);
     if (s < 0)
         return NULL;
-    PyObject *seq = PySequence_Fast(args[1], "hashes must be iterable");
-    if (seq == NULL)
+    Walk w;
+    if (walk_open(args[1], &w, "hashes must be iterable") < 0)
         return NULL;
-    Walk w = {.items = PySequence_Fast_ITEMS(seq), .n = PySequence_Fast_GET_SIZE(seq)};
     int all = 1;
     for (;;) {
         int64_t at = walk_next(t, &w);
         if (at == WALK_ERROR) {
-            Py_DECREF(seq);
+            walk_close(&w);
             return NULL;
         }
         if (at == WALK_END)
@@ -624,7 +652,7 @@ static PyObject *BT_all_committed(BlockTables *t, PyObject *const *args, Py_ssiz
             break;
         }
     }
-    Py_DECREF(seq);
+    walk_close(&w);
     return PyBool_FromLong(all);
 }
 
@@ -633,21 +661,20 @@ static PyObject *BT_committed_prefix(BlockTables *t, PyObject *const *args, Py_s
     int s = live_slot(t, args[0]);
     if (s < 0)
         return NULL;
-    PyObject *seq = PySequence_Fast(args[1], "hashes must be iterable");
-    if (seq == NULL)
+    Walk w;
+    if (walk_open(args[1], &w, "hashes must be iterable") < 0)
         return NULL;
-    Walk w = {.items = PySequence_Fast_ITEMS(seq), .n = PySequence_Fast_GET_SIZE(seq)};
     Py_ssize_t k = 0;
     for (;; k++) {
         int64_t at = walk_next(t, &w);
         if (at == WALK_ERROR) {
-            Py_DECREF(seq);
+            walk_close(&w);
             return NULL;
         }
         if (at == WALK_END || at < 0 || !(t->blocks[at].committed & (1ULL << s)))
             break;
     }
-    Py_DECREF(seq);
+    walk_close(&w);
     return PyLong_FromSsize_t(k);
 }
 
@@ -658,35 +685,34 @@ static PyObject *BT_promise(BlockTables *t, PyObject *const *args, Py_ssize_t na
     if (s < 0)
         return NULL;
     uint64_t bit = 1ULL << s;
-    int64_t *keys;
-    char *ok;
-    PyObject *seq = keys_of(args[1], 1, &keys, &ok);
-    if (seq == NULL)
+    Keys k;
+    if (keys_open(args[1], 1, &k) < 0)
         return NULL;
-    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
-    PyObject **items = PySequence_Fast_ITEMS(seq);
-    PyObject *out = PyList_New(0);
+    Py_ssize_t n = k.n;
+    int64_t *keys = k.keys;
+    char *gained = k.ok; /* (every ``ok`` is 1: strict) now: whether the pending table gained it */
+    PyObject *out = NULL;
     prefetch_first(t, keys, n);
-    for (Py_ssize_t k = 0; k < n && out != NULL; k++) {
-        if (k + AHEAD < n)
-            prefetch_home(t, keys[k + AHEAD]);
-        int64_t at = find_or_add(t, keys[k]);
-        if (at < 0) {
-            Py_CLEAR(out);
-            break;
-        }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (i + AHEAD < n)
+            prefetch_home(t, keys[i + AHEAD]);
+        gained[i] = 0;
+        int64_t at = find_or_add(t, keys[i]);
+        if (at < 0)
+            goto done;
         Block *b = &t->blocks[at];
         if (b->pending & bit) {
-            if (count_up(t, keys[k], s) < 0)
-                Py_CLEAR(out);
+            if (count_up(t, keys[i], s) < 0)
+                goto done;
             continue;
         }
         b->pending |= bit;
         t->n_pending[s]++;
-        if (PyList_Append(out, items[k]) < 0)
-            Py_CLEAR(out);
+        gained[i] = 1;
     }
-    keys_done(seq, keys, ok);
+    out = chosen_answer(&k, gained);
+done:
+    keys_close(&k);
     return out;
 }
 
@@ -699,22 +725,21 @@ static PyObject *BT_retire(BlockTables *t, PyObject *const *args, Py_ssize_t nar
     if (overflow || s < 0 || s >= MAX_SLOTS || !(t->live & (1ULL << s)))
         Py_RETURN_NONE; /* the target is gone */
     uint64_t bit = 1ULL << s;
-    int64_t *keys;
-    char *ok;
-    PyObject *seq = keys_of(args[1], 0, &keys, &ok);
-    if (seq == NULL)
+    Keys k;
+    if (keys_open(args[1], 0, &k) < 0)
         return NULL;
-    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
-    PyObject **items = PySequence_Fast_ITEMS(seq);
-    PyObject *out = PyList_New(0);
+    Py_ssize_t n = k.n;
+    int64_t *keys = k.keys;
+    char *lost = k.ok; /* now: whether the target no longer holds it in either table */
     prefetch_first(t, keys, n);
-    for (Py_ssize_t k = 0; k < n && out != NULL; k++) {
-        if (k + AHEAD < n)
-            prefetch_home(t, keys[k + AHEAD]);
-        int64_t at = ok[k] ? find(t, keys[k]) : -1;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (i + AHEAD < n)
+            prefetch_home(t, keys[i + AHEAD]);
+        int64_t at = lost[i] ? find(t, keys[i]) : -1;
+        lost[i] = 0;
         if (at < 0 || !(t->blocks[at].pending & bit))
             continue;
-        int64_t c = find_count(t, keys[k], (int32_t)s);
+        int64_t c = find_count(t, keys[i], (int32_t)s);
         if (c >= 0) {
             if (t->counts[c].count > 2)
                 t->counts[c].count--;
@@ -725,12 +750,12 @@ static PyObject *BT_retire(BlockTables *t, PyObject *const *args, Py_ssize_t nar
         Block *b = &t->blocks[at];
         b->pending &= ~bit;
         t->n_pending[s]--;
-        if (!(b->committed & bit) && PyList_Append(out, items[k]) < 0)
-            Py_CLEAR(out);
+        lost[i] = !(b->committed & bit);
         if (empty(b))
             delete_block(t, (uint64_t)at);
     }
-    keys_done(seq, keys, ok);
+    PyObject *out = chosen_answer(&k, lost);
+    keys_close(&k);
     return out;
 }
 
@@ -753,10 +778,9 @@ static PyObject *BT_match_groups(BlockTables *t, PyObject *const *args, Py_ssize
     uint64_t live = PyLong_AsUnsignedLongLongMask(args[1]); /* (no target has a slot past 63) */
     if (live == (uint64_t)-1 && PyErr_Occurred())
         return NULL;
-    PyObject *seq = PySequence_Fast(args[0], "hashes must be a sequence");
-    if (seq == NULL)
+    Walk w;
+    if (walk_open(args[0], &w, "hashes must be a sequence") < 0)
         return NULL;
-    Walk w = {.items = PySequence_Fast_ITEMS(seq), .n = PySequence_Fast_GET_SIZE(seq)};
     Py_ssize_t n = w.n;
     PyObject *groups = PyList_New(0);
     for (Py_ssize_t i = 0; groups != NULL && live; i++) {
@@ -776,7 +800,7 @@ static PyObject *BT_match_groups(BlockTables *t, PyObject *const *args, Py_ssize
     }
     if (groups != NULL && live && n && append_group(groups, n, live) == NULL)
         Py_CLEAR(groups);
-    Py_DECREF(seq);
+    walk_close(&w);
     if (groups != NULL && PyList_Reverse(groups) < 0)
         Py_CLEAR(groups);
     return groups;

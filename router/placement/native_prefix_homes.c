@@ -16,6 +16,8 @@
 #include <Python.h>
 #include <stdint.h>
 
+#include "packed_hashes.h"
+
 #define NONE (-1)
 
 typedef struct {
@@ -171,30 +173,59 @@ static int key_of(PyObject *h, int64_t *key) {
     return overflow ? 0 : 1;
 }
 
+/* The keys at ``at[0..k)`` of ``keys`` (packed hashes, ``packed_view``, or a sequence of ints) into ``out``, ``ok[j]``
+   0 for an int outside the key range (-1: not an int, an error set). The number of positions (``positions`` of
+   its length) or -1 with an error set. */
+static int sampled_keys(PyObject *keys, int64_t *out, int *ok) {
+    Py_ssize_t at[80];
+    Py_buffer view;
+    int packed = packed_view(keys, &view);
+    if (packed < 0)
+        return -1;
+    if (packed) {
+        int k = positions(view.len / 8, at);
+        for (int j = 0; j < k; j++) {
+            out[j] = packed_at(&view, at[j]);
+            ok[j] = 1;
+        }
+        PyBuffer_Release(&view);
+        return k;
+    }
+    PyObject *seq = PySequence_Fast(keys, "keys must be a sequence");
+    if (seq == NULL)
+        return -1;
+    int k = positions(PySequence_Fast_GET_SIZE(seq), at);
+    PyObject **items = PySequence_Fast_ITEMS(seq);
+    for (int j = 0; j < k; j++) {
+        ok[j] = key_of(items[at[j]], &out[j]);
+        if (ok[j] < 0) {
+            k = j + 1; /* (``home`` stops at the first error, ``record`` too) */
+            break;
+        }
+    }
+    Py_DECREF(seq);
+    return k;
+}
+
 /* record(keys, worker_id): a request with block hashes ``keys`` was placed on ``worker_id``. */
 static PyObject *PH_record(PrefixHomes *m, PyObject *const *args, Py_ssize_t nargs) {
     if (nargs != 2) {
         PyErr_SetString(PyExc_TypeError, "record() takes 2 arguments");
         return NULL;
     }
-    PyObject *seq = PySequence_Fast(args[0], "keys must be a sequence");
-    if (seq == NULL)
-        return NULL;
     PyObject *worker = args[1];
-    Py_ssize_t at[80];
-    int k = positions(PySequence_Fast_GET_SIZE(seq), at);
     int64_t keys[80];
-    PyObject **items = PySequence_Fast_ITEMS(seq);
+    int ok[80];
+    int k = sampled_keys(args[0], keys, ok);
+    if (k < 0)
+        return NULL;
     for (int j = 0; j < k; j++) {
-        int r = key_of(items[at[j]], &keys[j]);
-        if (r <= 0) {
-            if (r == 0)
+        if (ok[j] <= 0) {
+            if (ok[j] == 0)
                 PyErr_SetString(PyExc_OverflowError, "block hash outside the signed 64-bit range");
-            Py_DECREF(seq);
             return NULL;
         }
     }
-    Py_DECREF(seq);
     for (int j = 0; j < k; j++) {
         int64_t s = find_slot(m, keys[j]);
         if (s != NONE) {
@@ -230,26 +261,20 @@ static PyObject *PH_record(PrefixHomes *m, PyObject *const *args, Py_ssize_t nar
 
 /* home(keys): the worker the longest recorded prefix of ``keys`` was last placed on, or None. */
 static PyObject *PH_home(PrefixHomes *m, PyObject *keys) {
-    PyObject *seq = PySequence_Fast(keys, "keys must be a sequence");
-    if (seq == NULL)
+    int64_t key[80];
+    int ok[80];
+    int k = sampled_keys(keys, key, ok);
+    if (k < 0)
         return NULL;
-    Py_ssize_t at[80];
-    int k = positions(PySequence_Fast_GET_SIZE(seq), at);
-    PyObject **items = PySequence_Fast_ITEMS(seq);
     for (int j = 0; j < k; j++) {
-        int64_t key;
-        int r = key_of(items[at[j]], &key);
-        if (r < 0) {
-            Py_DECREF(seq);
+        if (ok[j] < 0)
             return NULL;
-        }
-        int64_t s = r ? find_slot(m, key) : NONE;
+        int64_t s = ok[j] ? find_slot(m, key[j]) : NONE;
         if (s != NONE) {
-            Py_DECREF(seq);
+            PyErr_Clear(); /* (a later position's error is never reached: the answer is found first) */
             return Py_NewRef(m->entries[m->slots[s]].worker);
         }
     }
-    Py_DECREF(seq);
     Py_RETURN_NONE;
 }
 

@@ -31,6 +31,7 @@ from sgl_moe.router.placement.messages import (
     Placed,
     Refused,
     Release,
+    place_keys,
     read_to_owner,
 )
 
@@ -181,8 +182,8 @@ class FrontSession:
         if screen.verdict == "delegate":
             outbox.put(Delegate(msg.req))
             return
-        job = Job(rid=msg.rid, prompt_lens=msg.prompt_lens, keys=msg.keys, shared_prefix_len=msg.shared_prefix_len,
-                  max_new_tokens=msg.max_new_tokens)
+        job = Job(rid=msg.rid, prompt_lens=msg.prompt_lens, keys=place_keys(msg),
+                  shared_prefix_len=msg.shared_prefix_len, max_new_tokens=msg.max_new_tokens)
         try:
             placement = await owner.acquire(job)
         except Exception as exc:

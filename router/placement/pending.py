@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import itertools
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -27,7 +27,7 @@ from sgl_moe.router.placement.block_index import BlockIndex
 class Promise:
     rid: str
     slot: int
-    keys: list[int]
+    keys: Sequence[int]
     completed_at: float | None = None
     serial: int = 0
     """The ledger's number for it (other router replicas name it by this: ``replicas``)."""
@@ -35,7 +35,7 @@ class Promise:
     """The uncommitted block it waits on, completed (``PendingLedger``); None otherwise."""
     retired: bool = False
 
-    def __init__(self, rid: str, slot: int, keys: list[int], completed_at: float | None = None, serial: int = 0,
+    def __init__(self, rid: str, slot: int, keys: Sequence[int], completed_at: float | None = None, serial: int = 0,
                  waiting_on: int | None = None, retired: bool = False) -> None:
         # Written out (``init=False``): compiled, it runs as C; the one ``dataclass`` writes runs interpreted.
         self.rid = rid
@@ -75,7 +75,7 @@ class PendingLedger:
     observer: LedgerObserver | None = None
     _serials: itertools.count = field(default_factory=itertools.count)
 
-    def promise(self, rid: str, slot: int, keys: list[int]) -> Promise:
+    def promise(self, rid: str, slot: int, keys: Sequence[int]) -> Promise:
         self.index.promise(slot, keys)
         self.stats.promised += 1
         p = Promise(rid, slot, keys, serial=next(self._serials))

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import msgspec
 
-from sgl_moe.router.placement.messages import Cancel, Delegate, Place, Placed, Refused, Release
+from sgl_moe.router.placement.messages import Cancel, Delegate, Place, Placed, Refused, Release, packed_as_bytes
 
 VERSION = 2
 
@@ -90,7 +90,7 @@ class Answers(msgspec.Struct, tag=True, frozen=True):
 
 Message = Batch | Hello | Snapshot | Bye | Requests | Answers
 
-_encoder = msgspec.msgpack.Encoder()
+_encoder = msgspec.msgpack.Encoder(enc_hook=packed_as_bytes)  # (a ``Place``'s packed keys)
 _decoder = msgspec.msgpack.Decoder(Message)
 
 

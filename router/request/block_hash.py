@@ -14,6 +14,10 @@ indistinguishable from plain ones in events; callers must not claim affinity for
 ``block_hash_chain`` is the C extension ``native_page_hash`` (``native_page_hash.c``, built at install: no Python
 call per page, SHA-256 from the libcrypto ``hashlib`` uses) when it was built, else ``block_hash_chain_py`` here,
 which is its reference in the tests (``tests/router/test_native_paths.py``). ``NATIVE`` says which one runs.
+
+``block_hashes_packed`` gives the same hashes as ``PackedHashes``, one buffer of int64s: the router's placement
+keys (``prompt_keys``), which the C tables and prefix homes read where they lie. A list costs an int object per page
+made here and read back by every table call (promise, match, retire, home), several per request.
 """
 
 from __future__ import annotations
@@ -31,6 +35,21 @@ FIRST_INT64 = struct.Struct(">q")
 """The first 8 digest bytes as a signed big-endian int64 (the event's hash)."""
 
 
+class PackedHashes(array.array):
+    """Block hashes as signed 64-bit ints in one buffer (an ``array`` of ``q``, made ``PackedHashes("q", raw)``): a
+    prompt's (``block_hashes_packed``) and a KV event's (``kv_events``), which the C tables read without an int object
+    per hash and answer packed in turn. A sequence of ints otherwise, equal to a list of the same ints (a slice is a
+    plain ``array``)."""
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __eq__(self, other: object) -> bool:
+        return self.tolist() == other if isinstance(other, list) else super().__eq__(other)
+
+    def __ne__(self, other: object) -> bool:
+        return not self == other
+
+
 def salt_seed(cache_salt: str) -> bytes:
     """The digest SGLang chains a ``cache_salt`` request's first page onto in its KV events."""
     return hashlib.sha256(b"sglang-cache-salt-v1\0" + cache_salt.encode("utf-8")).digest()
@@ -42,6 +61,18 @@ def block_hashes(token_ids: Sequence[int], page_size: int, seed: bytes | None = 
     ``seed``: digest the first page chains onto (``salt_seed(cache_salt)``); ``None`` for plain requests.
     """
     return block_hash_chain(token_ids, page_size, seed)[0]
+
+
+def block_hashes_packed(token_ids: Sequence[int], page_size: int, seed: bytes | None = None) -> PackedHashes:
+    """``block_hashes``, packed."""
+    return block_hash_chain_packed(token_ids, page_size, seed)[0]
+
+
+def block_hash_chain_packed(token_ids: Sequence[int], page_size: int,
+                            seed: bytes | None = None) -> tuple[PackedHashes, bytes | None]:
+    """``block_hash_chain``, the hashes packed."""
+    raw, digest = _chain_packed(token_ids, page_size, seed)
+    return PackedHashes("q", raw), digest
 
 
 def block_hash_chain_py(token_ids: Sequence[int], page_size: int,
@@ -68,8 +99,14 @@ def block_hash_chain_py(token_ids: Sequence[int], page_size: int,
     return hashes, parent or seed
 
 
+def _chain_packed_py(token_ids: Sequence[int], page_size: int, seed: bytes | None = None) -> tuple[bytes, bytes | None]:
+    hashes, digest = block_hash_chain_py(token_ids, page_size, seed)
+    return array.array("q", hashes).tobytes(), digest
+
+
 try:
     from sgl_moe.router.request.native_page_hash import block_hash_chain
+    from sgl_moe.router.request.native_page_hash import block_hash_chain_packed as _chain_packed
     NATIVE = True
 except ImportError:  # no C compiler at install
-    block_hash_chain, NATIVE = block_hash_chain_py, False
+    block_hash_chain, _chain_packed, NATIVE = block_hash_chain_py, _chain_packed_py, False

@@ -134,13 +134,32 @@ static int chain_args(PyObject *const *args, Py_ssize_t nargs, const char *usage
     return 0;
 }
 
+/* The hashes of a chain as the caller asked: a list of ints, or packed (a ``bytes`` of their int64s, native order,
+   which ``block_hash.PackedHashes`` wraps: no int object per page). */
+static PyObject *hashes_object(Py_ssize_t pages, int packed) {
+    return packed ? PyBytes_FromStringAndSize(NULL, pages * 8) : PyList_New(pages);
+}
+
+static int set_hash(PyObject *hashes, Py_ssize_t p, uint64_t first, int packed) {
+    if (packed) {
+        int64_t v = (int64_t)first;
+        memcpy(PyBytes_AS_STRING(hashes) + 8 * p, &v, sizeof v);
+        return 0;
+    }
+    PyObject *h = PyLong_FromLongLong((long long)first);
+    if (h == NULL)
+        return -1;
+    PyList_SET_ITEM(hashes, p, h);
+    return 0;
+}
+
 /* The chain over ids laid out as uint32 little-endian bytes: every full page of ``data`` (``len`` bytes) hashed,
    trailing bytes left alone; the same answer as ``block_hash_chain`` over the same ids. */
 static PyObject *chain_over_bytes(const unsigned char *data, Py_ssize_t len, Py_ssize_t page, PyObject *seed,
-                                  const char *seed_bytes, Py_ssize_t seed_len) {
+                                  const char *seed_bytes, Py_ssize_t seed_len, int packed) {
     size_t step = 4 * (size_t)page;
     Py_ssize_t pages = len / (Py_ssize_t)step;
-    PyObject *hashes = PyList_New(pages);
+    PyObject *hashes = hashes_object(pages, packed);
     unsigned char *buf = PyMem_Malloc((size_t)(seed_len > 32 ? seed_len : 32) + step);
     if (hashes == NULL || buf == NULL) {
         if (buf == NULL)
@@ -164,13 +183,11 @@ static PyObject *chain_over_bytes(const unsigned char *data, Py_ssize_t len, Py_
         uint64_t first = 0;
         for (int i = 0; i < 8; i++)
             first = first << 8 | digest[i];
-        PyObject *h = PyLong_FromLongLong((long long)first);
-        if (h == NULL) {
+        if (set_hash(hashes, p, first, packed) < 0) {
             PyMem_Free(buf);
             Py_DECREF(hashes);
             return NULL;
         }
-        PyList_SET_ITEM(hashes, p, h);
     }
     PyMem_Free(buf);
     PyObject *last = pages > 0 ? PyBytes_FromStringAndSize((const char *)digest, 32) : Py_NewRef(seed);
@@ -184,12 +201,13 @@ static PyObject *chain_over_bytes(const unsigned char *data, Py_ssize_t len, Py_
     return out;
 }
 
-static PyObject *block_hash_chain(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+static PyObject *chain(PyObject *const *args, Py_ssize_t nargs, int packed) {
     Py_ssize_t page, seed_len;
     PyObject *seed;
     const char *seed_bytes;
-    if (chain_args(args, nargs, "block_hash_chain(token_ids, page_size, seed=None)", &page, &seed, &seed_bytes,
-                   &seed_len) < 0)
+    if (chain_args(args, nargs, packed ? "block_hash_chain_packed(token_ids, page_size, seed=None)"
+                                       : "block_hash_chain(token_ids, page_size, seed=None)",
+                   &page, &seed, &seed_bytes, &seed_len) < 0)
         return NULL;
 #if PY_LITTLE_ENDIAN
     if (!PyList_Check(args[0]) && !PyTuple_Check(args[0]) && PyObject_CheckBuffer(args[0])) {
@@ -201,7 +219,7 @@ static PyObject *block_hash_chain(PyObject *self, PyObject *const *args, Py_ssiz
         if (*f == '@' || *f == '=' || *f == '<')
             f++;
         if (view.itemsize == 4 && (strcmp(f, "I") == 0 || strcmp(f, "L") == 0)) {
-            PyObject *out = chain_over_bytes(view.buf, view.len, page, seed, seed_bytes, seed_len);
+            PyObject *out = chain_over_bytes(view.buf, view.len, page, seed, seed_bytes, seed_len, packed);
             PyBuffer_Release(&view);
             return out;
         }
@@ -214,7 +232,7 @@ static PyObject *block_hash_chain(PyObject *self, PyObject *const *args, Py_ssiz
     Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
     PyObject **items = PySequence_Fast_ITEMS(seq);
     Py_ssize_t pages = n / page;
-    PyObject *hashes = PyList_New(pages);
+    PyObject *hashes = hashes_object(pages, packed);
     unsigned char *buf = PyMem_Malloc((size_t)(seed_len > 32 ? seed_len : 32) + 4 * (size_t)page);
     if (hashes == NULL || buf == NULL)
         goto fail;
@@ -243,10 +261,8 @@ static PyObject *block_hash_chain(PyObject *self, PyObject *const *args, Py_ssiz
         uint64_t first = 0;
         for (int i = 0; i < 8; i++)
             first = first << 8 | digest[i];
-        PyObject *h = PyLong_FromLongLong((long long)first);
-        if (h == NULL)
+        if (set_hash(hashes, p, first, packed) < 0)
             goto fail;
-        PyList_SET_ITEM(hashes, p, h);
     }
     for (; at < n; at++) {  /* the trailing partial page is not hashed, but its ids are checked as the array's are */
         uint32_t t;
@@ -276,6 +292,14 @@ fail:
     return NULL;
 }
 
+static PyObject *block_hash_chain(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    return chain(args, nargs, 0);
+}
+
+static PyObject *block_hash_chain_packed(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    return chain(args, nargs, 1);
+}
+
 static PyObject *block_hash_chain_bytes(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     /* The chain over ids already laid out as uint32 little-endian bytes (the simulator's stream makes them so):
        every full page of ``data`` hashed, trailing bytes left alone; the same answer as ``block_hash_chain``. */
@@ -288,7 +312,7 @@ static PyObject *block_hash_chain_bytes(PyObject *self, PyObject *const *args, P
     Py_buffer view;
     if (PyObject_GetBuffer(args[0], &view, PyBUF_SIMPLE) < 0)
         return NULL;
-    PyObject *out = chain_over_bytes(view.buf, view.len, page, seed, seed_bytes, seed_len);
+    PyObject *out = chain_over_bytes(view.buf, view.len, page, seed, seed_bytes, seed_len, 0);
     PyBuffer_Release(&view);
     return out;
 }
@@ -317,6 +341,9 @@ static PyObject *backend(PyObject *self, PyObject *unused) {
 static PyMethodDef methods[] = {
     {"block_hash_chain", (PyCFunction)(void (*)(void))block_hash_chain, METH_FASTCALL,
      "block_hash_chain(token_ids, page_size, seed=None) -> (hashes, digest): block_hash.block_hash_chain in C."},
+    {"block_hash_chain_packed", (PyCFunction)(void (*)(void))block_hash_chain_packed, METH_FASTCALL,
+     "block_hash_chain_packed(token_ids, page_size, seed=None) -> (hashes, digest): the hashes as the bytes of their "
+     "int64s (native order)."},
     {"block_hash_chain_bytes", (PyCFunction)(void (*)(void))block_hash_chain_bytes, METH_FASTCALL,
      "block_hash_chain_bytes(data, page_size, seed=None) -> (hashes, digest): the chain over uint32 LE bytes."},
     {"set_backend", set_backend, METH_O, "set_backend('openssl' | 'portable') -> the backend in use."},

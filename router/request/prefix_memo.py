@@ -53,7 +53,7 @@ from dataclasses import dataclass, field
 
 import orjson
 
-from sgl_moe.router.request.block_hash import BlockHash, block_hash_chain
+from sgl_moe.router.request.block_hash import PackedHashes, block_hash_chain_packed
 from sgl_moe.router.request.token_cuts import CutRule
 from sgl_moe.router.request.token_ids import TokenIds, json_text, packed
 
@@ -102,7 +102,7 @@ class MemoNode:
     children: dict[str, dict[str, MemoNode]] = field(default_factory=dict)
     """Child segments by their first characters up to the next multiple of ``segment_chars`` (every segment
     from here is at least that long, so a text finds its candidates with one lookup), then by their text."""
-    hashes: dict[tuple[int, bytes | None], tuple[list[BlockHash], bytes | None]] = field(default_factory=dict)
+    hashes: dict[tuple[int, bytes | None], tuple[PackedHashes, bytes | None]] = field(default_factory=dict)
     """(page size, seed) -> hashes of the pages that end in this segment, and the chain's digest after them."""
     depth: int = 0
     """Nodes from the root's child through this one (the root's is 0)."""
@@ -113,7 +113,7 @@ class MemoNode:
     """False once evicted (a hint that holds it is dropped on sight)."""
     hint_refs: int = 0
     """Hints whose deepest node this is."""
-    through: dict[tuple[int, bytes | None], tuple[list[BlockHash], bytes | None]] | None = None
+    through: dict[tuple[int, bytes | None], tuple[PackedHashes, bytes | None]] | None = None
     """While ``hint_refs``: (page size, seed) -> hashes of every page that ends in this node or before it, from
     the text's start, and the chain's digest after them."""
     through_json: bytes | None = None
@@ -514,30 +514,30 @@ def _list_json(ids: Sequence[int], start: int = 0, end: int | None = None) -> by
     return orjson.dumps(ids[start:end] if start or end is not None else ids)
 
 
-def page_hashes(path: MemoPath, ids: Sequence[int], page_size: int, seed: bytes | None) -> list[BlockHash]:
-    """``block_hashes(ids, page_size, seed)``, reusing the hashes ``path``'s nodes hold (``ids`` came with
+def page_hashes(path: MemoPath, ids: Sequence[int], page_size: int, seed: bytes | None) -> PackedHashes:
+    """``block_hashes_packed(ids, page_size, seed)``, reusing the hashes ``path``'s nodes hold (``ids`` came with
     ``path`` from ``PrefixMemo.encode_batch``) and leaving there the ones it computes."""
     key = (page_size, seed)
     done, digest, start = 0, seed, 0
-    hashes: list[BlockHash] = []
+    hashes = PackedHashes("q")
     for k in range(len(path) - 1, -1, -1):  # the deepest node that keeps the whole chain (a hint's: near the end)
         through = path[k].through
         if through is not None and key in through:
             kept, digest = through[key]
-            hashes, done, start = kept.copy(), path[k].end // page_size, k + 1
+            hashes, done, start = PackedHashes("q", kept), path[k].end // page_size, k + 1
             break
     for node in path[start:]:
         state = node.hashes.get(key)
         end = node.end // page_size
         if state is None:
-            state = block_hash_chain(ids[done * page_size:end * page_size], page_size, digest)
+            state = block_hash_chain_packed(ids[done * page_size:end * page_size], page_size, digest)
             if len(node.hashes) < HASH_KEYS_PER_NODE:
                 node.hashes[key] = state
         hashes += state[0]
         digest, done = state[1], end
         through = node.through
         if through is not None and key not in through and len(through) < HASH_KEYS_PER_NODE:
-            through[key] = (hashes.copy(), digest)
-    rest, _ = block_hash_chain(ids[done * page_size:], page_size, digest)
+            through[key] = (PackedHashes("q", hashes), digest)
+    rest, _ = block_hash_chain_packed(ids[done * page_size:], page_size, digest)
     hashes += rest
     return hashes

@@ -15,12 +15,34 @@ import time
 from pathlib import Path
 
 import httpx
+import msgspec
 import psutil
 import pytest
 from doubles.stand_in import StandIn, ThreadServers, tokenizer_dir
 
 from sgl_moe.harness.router_process import RouterProcess
 from sgl_moe.policy_bench.standin import StandInFleet
+from sgl_moe.router.placement.messages import Place, ToOwner, frame, place_keys
+from sgl_moe.router.replicas import messages as replica_messages
+from sgl_moe.router.replicas.messages import Requests
+from sgl_moe.router.request.block_hash import PackedHashes
+
+
+def test_packed_keys_cross_to_the_owner_as_little_endian_bytes_and_come_back_packed():
+    """A front's ``Place`` carries each prompt's packed hashes (``PackedHashes``, what ``prompt_keys`` makes) as the
+    bytes of their int64s, little-endian; the owner's ``place_keys`` gives the same hashes packed, and a list of ints
+    (a replica's, a test's) as it was."""
+    hashes = [1, -2, 2**63 - 1, -2**63, 0]
+    msg = Place(7, "r", [80, 16, 3], [PackedHashes("q", hashes), [5, 6], []], 0, 1, b"fp")
+    body = frame(msg)[4:]
+    assert body.count(b"".join(h.to_bytes(8, "little", signed=True) for h in hashes)) == 1
+    got = msgspec.msgpack.Decoder(ToOwner).decode(body)
+    keys = place_keys(got)
+    assert type(keys[0]) is PackedHashes and keys == [hashes, [5, 6], []]
+    assert (got.req, got.rid, got.prompt_lens, got.fingerprint) == (7, "r", [80, 16, 3], b"fp")
+    # A replica's requests to the placement owner carry the same ``Place`` through the broker.
+    [through_broker] = replica_messages.decode(replica_messages.encode(Requests(1, "b", [msg]))).items
+    assert through_broker == got and place_keys(through_broker) == [hashes, [5, 6], []]
 
 
 def _router(tmp_path: Path, name: str, urls: list[str], *args: str) -> RouterProcess:

@@ -65,8 +65,10 @@ def test_page_hash_chain_equals_the_python_reference(backend):
             got = native_page_hash.block_hash_chain(ids, page, seed)
             want = block_hash.block_hash_chain_py(ids, page, seed)
             assert got == want, (page, len(ids), seed)
+            raw, digest = native_page_hash.block_hash_chain_packed(ids, page, seed)  # the router's keys: packed
+            assert type(raw) is bytes and raw == array.array("q", want[0]).tobytes() and digest == want[1]
             if len(ids) < page:
-                assert got[1] is seed  # nothing hashed: the seed as given, None stays None
+                assert got[1] is seed and digest is seed  # nothing hashed: the seed as given, None stays None
     finally:
         native_page_hash.set_backend(before)
 
@@ -113,6 +115,8 @@ def test_page_hash_chain_over_packed_ids_equals_the_chain_over_the_list():
         for packed in (TokenIds("I", ids), array.array("I", ids), memoryview(array.array("I", ids))):
             got = native_page_hash.block_hash_chain(packed, page, seed)
             assert got == want, (page, len(ids), seed, type(packed))
+            hashes, digest = block_hash.block_hash_chain_packed(packed, page, seed)
+            assert type(hashes) is block_hash.PackedHashes and hashes == want[0] and digest == want[1]
             assert block_hash.block_hash_chain_py(packed, page, seed) == want
             if len(ids) < page:
                 assert got[1] is seed
@@ -149,6 +153,8 @@ def test_page_hash_refuses_what_the_reference_refuses(ids, error):
         block_hash.block_hash_chain_py(ids, 2)
     with pytest.raises(error):
         native_page_hash.block_hash_chain(ids, 2)
+    with pytest.raises(error):
+        native_page_hash.block_hash_chain_packed(ids, 2)
 
 
 @needs_native
@@ -156,6 +162,8 @@ def test_page_hash_refuses_a_page_size_below_one():
     for page in (0, -3):
         with pytest.raises(ValueError, match="page_size must be positive"):
             native_page_hash.block_hash_chain([1, 2], page)
+        with pytest.raises(ValueError, match="page_size must be positive"):
+            native_page_hash.block_hash_chain_packed([1, 2], page)
 
 
 # -- word pieces ----------------------------------------------------------------------------------------------------
@@ -322,7 +330,8 @@ def test_block_tables_equal_the_python_reference_over_random_operations(n_slots)
     """Every answer and every table equal after each of 8,000 random operations: hashes drawn from a small pool (so
     promises stack up to several counts, retires meet committed blocks, stores meet pending ones), repeats inside one
     call, negative and 64-bit hashes, queries with hashes past 64 bits, targets removed and added, the 64th slot;
-    stores and removals half the time with the hashes packed (``kv_events.Hashes``), answered packed."""
+    stores, removals, promises and retires half the time with the hashes packed (``PackedHashes``: the KV-event
+    reader's and a prompt's), answered packed, and the walks half the time over packed hashes too."""
     rng = random.Random(f"tables-{n_slots}")
     pool = [rng.randrange(-2**63, 2**63) for _ in range(60)] + [0, -1, 1, -2**63, 2**63 - 1]
     native, python = block_tables.native_block_tables.BlockTables(), block_tables.BlockTablesPy()
@@ -344,11 +353,14 @@ def test_block_tables_equal_the_python_reference_over_random_operations(n_slots)
             args = (slot,)
         else:
             args = (slot, list(hashes))
-        if op in ("store", "remove") and rng.random() < 0.5:  # packed, as the KV-event reader hands them on
+        if op in ("store", "remove", "promise", "retire") and rng.random() < 0.5:  # packed: events', prompts'
             packed = block_tables.PackedHashes("q", hashes)
             answer = getattr(native, op)(slot, packed)
             assert type(answer) is bytes and list(memoryview(answer).cast("q")) == getattr(python, op)(slot, packed), (
                 step, op, slot)
+        elif op in ("committed_prefix", "all_committed") and rng.random() < 0.5:
+            packed = block_tables.PackedHashes("q", hashes)
+            assert getattr(native, op)(slot, packed) == getattr(python, op)(slot, hashes), (step, op, slot)
         else:
             assert getattr(native, op)(*args) == getattr(python, op)(*args), (step, op, slot)
         if step % 7 == 0:
@@ -356,6 +368,8 @@ def test_block_tables_equal_the_python_reference_over_random_operations(n_slots)
         mask = sum(1 << s for s in rng.sample(range(n_slots), rng.randint(1, n_slots)))
         chain = rng.sample(pool, rng.randint(0, 10)) + ([2**64 + 5] if rng.random() < 0.05 else [])
         assert native.match_groups(chain, mask) == python.match_groups(chain, mask), step
+        if chain and chain[-1] != 2**64 + 5:
+            assert native.match_groups(block_tables.PackedHashes("q", chain), mask) == python.match_groups(chain, mask)
         h = rng.choice(pool + [2**70])
         assert native.holders(h) == python.holders(h)
         if step % 1000 == 999 and len(live) > 1:  # a target leaves; its slot is never given again
@@ -376,8 +390,9 @@ def test_block_tables_equal_the_python_reference_over_random_operations(n_slots)
 def test_block_table_walks_longer_than_their_read_ahead_equal_the_reference():
     """``match_groups``, ``committed_prefix`` and ``all_committed`` read a prompt's hashes ahead of their lookups (8 at
     a time, prefetching): over prompts of up to 60 blocks whose match ends anywhere, on and around the read-ahead's
-    edges, each answer equals the reference's; a hash that is not an int raises only once the walk reaches it, as
-    the walk hash by hash raised before."""
+    edges, each answer equals the reference's, over the hashes as a list and packed (``PackedHashes``, a plain
+    ``array`` as a slice of one is, an unaligned view); a hash that is not an int raises only once the walk reaches
+    it, as the walk hash by hash raised before."""
     native, python = block_tables.native_block_tables.BlockTables(), block_tables.BlockTablesPy()
     for _ in range(3):
         native.add_target(), python.add_target()
@@ -390,11 +405,13 @@ def test_block_table_walks_longer_than_their_read_ahead_equal_the_reference():
         t.store(2, prompt[:60:2])  # every other block: a walk of target 2 stops at its second
     for end in range(61):
         chain = prompt[:end] + [rng.randrange(-2**63, 2**63) for _ in range(rng.randint(0, 20))]
-        for mask in (0b1, 0b11, 0b111, 0b110):
-            assert native.match_groups(chain, mask) == python.match_groups(chain, mask), (end, mask)
-        for slot in range(3):
-            assert native.committed_prefix(slot, chain) == python.committed_prefix(slot, chain), (end, slot)
-            assert native.all_committed(slot, chain[:end]) == python.all_committed(slot, chain[:end]), (end, slot)
+        unaligned = memoryview(bytes(4) + array.array("q", chain).tobytes())[4:].cast("q")
+        for hashes in (chain, block_tables.PackedHashes("q", chain), array.array("q", chain), unaligned):
+            for mask in (0b1, 0b11, 0b111, 0b110):
+                assert native.match_groups(hashes, mask) == python.match_groups(chain, mask), (end, mask)
+            for slot in range(3):
+                assert native.committed_prefix(slot, hashes) == python.committed_prefix(slot, chain), (end, slot)
+                assert native.all_committed(slot, hashes[:end]) == python.all_committed(slot, chain[:end]), (end, slot)
     for walk in (lambda h: native.committed_prefix(0, h), lambda h: native.all_committed(1, h),
                  lambda h: native.match_groups(h, 0b111)):
         assert walk(prompt[:20] + ["not a hash"]) is not None  # past where every walk stops: read ahead, not raised

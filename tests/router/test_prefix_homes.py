@@ -14,6 +14,7 @@ from sgl_moe.router.placement.job import Job
 from sgl_moe.router.placement.pending import PendingLedger
 from sgl_moe.router.placement.prefix_homes import PrefixHomes, PrefixHomesPy, sampled_positions
 from sgl_moe.router.placement.scheduler import Scheduler
+from sgl_moe.router.request.block_hash import PackedHashes
 from sgl_moe.wire import SaturationInfo, WorkerInfo
 
 PAGE = 16
@@ -71,7 +72,8 @@ def test_the_c_map_was_built_where_a_compiler_is():
 def test_the_c_map_equals_the_python_reference_over_random_records(capacity):
     """The same homes, the same hashes kept in the same order, after each of 6,000 random records and lookups:
     prompts of 0-40 blocks sharing prefixes (so recorded hashes are recorded again and move to the newest), a small
-    capacity that drops hashes within one record, negative and 64-bit hashes, hashes past 64 bits looked up."""
+    capacity that drops hashes within one record, negative and 64-bit hashes, hashes past 64 bits looked up; half
+    the C map's records and lookups with the hashes packed (``PackedHashes``: the router's prompt keys)."""
     rng = random.Random(f"homes-{capacity}")
     roots = [[rng.randrange(-2**63, 2**63) for _ in range(40)] for _ in range(30)]
     native, python = prefix_homes.native_prefix_homes.PrefixHomes(capacity), PrefixHomesPy(capacity)
@@ -79,11 +81,14 @@ def test_the_c_map_equals_the_python_reference_over_random_records(capacity):
         root = rng.choice(roots)
         cut = rng.randint(0, len(root))
         keys = root[:cut] + [rng.randrange(-2**63, 2**63) for _ in range(rng.randint(0, 3))]
+        packed = rng.random() < 0.5
         if rng.random() < 0.5:
             worker = f"w{rng.randrange(8)}"
-            native.record(keys, worker), python.record(keys, worker)
+            native.record(PackedHashes("q", keys) if packed else keys, worker), python.record(keys, worker)
         probe = keys if rng.random() < 0.7 else keys + [2**64 + 1]
         assert native.home(probe) == python.home(probe), step
+        if packed and probe is keys:
+            assert native.home(PackedHashes("q", keys)) == python.home(keys), step
         assert len(native) == len(python) <= capacity
         if step % 50 == 0:
             assert native.items() == python.items(), step

@@ -9,6 +9,7 @@ Properties, checked with seeded random and adversarial texts:
 - a memo whose rule is wrong is caught by the sampled whole encode and turns itself off.
 """
 
+import array
 import dataclasses
 import json
 import random
@@ -452,7 +453,7 @@ def test_a_hints_deepest_node_keeps_the_paths_page_hashes_while_the_hint_lives(t
     assert deepest.hint_refs == 1 and set(deepest.through) == {(1, None), (16, None), (16, salt_seed("t"))}
     kept, _ = deepest.through[(16, None)]
     assert kept == block_hashes(hint.ids, 16)[:deepest.end // 16]
-    kept[:] = [0] * len(kept)  # what a hinted text's hashes start from: a wrong chain would show
+    kept[:] = array.array("q", [0] * len(kept))  # what a hinted text's hashes start from: a wrong chain would show
     ids, paths = memo.encode_batch([prefix + " tail number 99"])
     assert paths[0][:len(hint.path)] == hint.path
     assert page_hashes(paths[0], ids[0], 16, None)[:len(kept)] == kept
