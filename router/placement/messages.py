@@ -47,11 +47,14 @@ class Place(msgspec.Struct, tag=True, frozen=True):
 
 
 def place_keys(msg: Place) -> list[list[int] | PackedHashes]:
-    """``msg.keys`` as ``Job.keys``: packed hashes packed again."""
+    """``msg.keys`` as ``Job.keys``: packed hashes packed again. ValueError for bytes that are not whole int64s (a
+    broken peer: msgspec's decoding checks only that they are bytes)."""
     return [_unpack(k) if type(k) is bytes else k for k in msg.keys]
 
 
 def _unpack(raw: bytes) -> PackedHashes:
+    if len(raw) % 8:
+        raise ValueError(f"packed block hashes of {len(raw)} bytes, not a whole number of int64s")
     hashes = PackedHashes("q", raw)
     if sys.byteorder != "little":
         hashes.byteswap()

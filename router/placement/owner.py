@@ -182,8 +182,14 @@ class FrontSession:
         if screen.verdict == "delegate":
             outbox.put(Delegate(msg.req))
             return
-        job = Job(rid=msg.rid, prompt_lens=msg.prompt_lens, keys=place_keys(msg),
-                  shared_prefix_len=msg.shared_prefix_len, max_new_tokens=msg.max_new_tokens)
+        try:
+            keys = place_keys(msg)
+        except ValueError as exc:  # answered, not left to the front's wait
+            log.error("%s sent request %s with unreadable block hashes: %s", self.name, msg.rid, exc)
+            outbox.put(Refused(msg.req, 400, f"unreadable block hashes: {exc}", "request_failed"))
+            return
+        job = Job(rid=msg.rid, prompt_lens=msg.prompt_lens, keys=keys, shared_prefix_len=msg.shared_prefix_len,
+                  max_new_tokens=msg.max_new_tokens)
         try:
             placement = await owner.acquire(job)
         except Exception as exc:

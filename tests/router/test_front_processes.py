@@ -22,7 +22,8 @@ from doubles.stand_in import StandIn, ThreadServers, tokenizer_dir
 
 from sgl_moe.harness.router_process import RouterProcess
 from sgl_moe.policy_bench.standin import StandInFleet
-from sgl_moe.router.placement.messages import Place, ToOwner, frame, place_keys
+from sgl_moe.router.placement.messages import Place, Refused, ToOwner, frame, place_keys
+from sgl_moe.router.placement.owner import FrontSession, Screen
 from sgl_moe.router.replicas import messages as replica_messages
 from sgl_moe.router.replicas.messages import Requests
 from sgl_moe.router.request.block_hash import PackedHashes
@@ -43,6 +44,30 @@ def test_packed_keys_cross_to_the_owner_as_little_endian_bytes_and_come_back_pac
     # A replica's requests to the placement owner carry the same ``Place`` through the broker.
     [through_broker] = replica_messages.decode(replica_messages.encode(Requests(1, "b", [msg]))).items
     assert through_broker == got and place_keys(through_broker) == [hashes, [5, 6], []]
+
+
+def test_packed_keys_that_are_not_whole_int64s_are_refused_with_400_not_left_waiting():
+    """Bytes that are not whole int64s pass msgspec's decoding (it checks only that they are bytes); the owner answers
+    that request ``Refused`` 400 instead of leaving its front waiting, and places nothing."""
+    placed = []
+
+    class Owner:
+        def screen(self, _fingerprint):
+            return Screen("place")
+
+        async def acquire(self, job):
+            placed.append(job)
+
+    class Outbox(list):
+        def put(self, message):
+            self.append(message)
+
+    outbox = Outbox()
+    session = FrontSession(Owner(), outbox, "front 0")
+    asyncio.run(session._place(Place(3, "r", [40], [b"\x01" * 7], 0, 1, b"")))
+    [refused] = outbox
+    assert isinstance(refused, Refused) and (refused.req, refused.status) == (3, 400) and not placed
+    assert "not a whole number of int64s" in refused.message
 
 
 def _router(tmp_path: Path, name: str, urls: list[str], *args: str) -> RouterProcess:
