@@ -118,7 +118,8 @@ class MemoNode:
     the text's start, and the chain's digest after them."""
     through_json: bytes | None = None
     """While ``hint_refs``: the JSON text of the ids through this node's end (``[`` and the ids, no closing
-    bracket), written the second time ``ids_json`` asks for it (``b""``: asked once)."""
+    bracket), written the second time ``ids_json`` asks for it (``b""``: asked once), or at once from the kept text
+    of the hint this one went on from (``_extend_json``)."""
 
 
 MemoPath = tuple[MemoNode, ...]
@@ -278,6 +279,8 @@ class PrefixMemo:
         short = tuple(k for k in range(len(path) - 1) if len(path[k + 1].key) < reach)
         hint = _Hint(text[:deepest.chars], path, ids[:deepest.end], short)
         hints = self._hints.setdefault(head, [])
+        if extends is not None and deepest.through_json is None:
+            _extend_json(extends.path[-1], deepest, ids)
         if extends is not None and extends in hints:
             hints.remove(extends)
             self._drop_hint(extends)
@@ -508,6 +511,21 @@ def ids_json(path: MemoPath, ids: Sequence[int]) -> bytes:
             return head + b"]"
         return b"".join((head, b",", memoryview(write(ids, node.end))[1:]))  # the head copied once
     return write(ids)
+
+
+def _extend_json(old: MemoNode, deepest: MemoNode, ids: TokenIds) -> None:
+    """A hint that went on past ``old`` (an ancestor of ``deepest``) to ``deepest``: ``old``'s kept JSON text, if it
+    was written, and ``ids`` between the two ends become ``deepest``'s, so a popular prefix memoised further is not
+    written whole again twice (``ids_json`` marks a new end when first asked and writes it the second time). ``ids``
+    are the text's, which agree through ``deepest.end`` with every text passing there."""
+    head = old.through_json
+    if not head or deepest.end < old.end:
+        return
+    if deepest.end == old.end:
+        deepest.through_json = head
+        return
+    more = memoryview(json_text(ids, old.end, deepest.end))[1:-1]  # the ids after ``old``'s, without brackets
+    deepest.through_json = b"".join((head, b"," if len(head) > 1 else b"", more))
 
 
 def _list_json(ids: Sequence[int], start: int = 0, end: int | None = None) -> bytes:

@@ -505,3 +505,35 @@ def test_a_hints_ids_json_is_reused_and_goes_with_the_hint(tokenizers):
     memo._drop_hint(memo._hints[prefix[:32]].pop())
     assert deepest.hint_refs == 0 and deepest.through_json is None
     assert ids_json(paths[0], ids[0]) == orjson.dumps(list(ids[0]))  # no hint left on the path: written whole
+
+
+def test_a_hint_that_goes_on_takes_the_json_of_the_one_it_replaces_and_writes_only_the_ids_after_it(tokenizers,
+                                                                                                    monkeypatch):
+    """A popular prefix is memoised further each time it is seen again, and each time its hint moves to a deeper
+    node. The JSON text kept for the hint it replaces goes on with it, so such a text writes only the ids after
+    that: before, the new end was marked, the old end's text dropped, and the whole prompt written again twice."""
+    from sgl_moe.router.request import prefix_memo
+
+    tok = tokenizers("shipped")
+    memo = fresh(tok, segment_chars=32)
+    prefix = random_text(random.Random(15), 900)
+    real, written = prefix_memo.json_text, []
+
+    def counted(ids, start=0, end=None):
+        written.append((len(ids) if end is None else end) - start)
+        return real(ids, start, end)
+
+    monkeypatch.setattr(prefix_memo, "json_text", counted)
+    went_on = 0
+    for k in range(14):
+        text = prefix + f" tail number {k}"
+        before = [(h.path[-1], h.path[-1].end) for h in memo._hints.get(prefix[:32], ())
+                  if h.path[-1].through_json and text.startswith(h.text)]
+        written.clear()
+        [ids], [path] = memo.encode_batch([text])
+        assert ids_json(path, ids) == orjson.dumps(list(ids)), k
+        if before and before[0][0] is not path[-1] and before[0][0] in path:  # the hint went on from a written end
+            went_on += 1
+            assert path[-1].through_json == orjson.dumps(list(ids[:path[-1].end]))[:-1]
+            assert sum(written) == len(ids) - before[0][1], (k, written)
+    assert went_on >= 2, went_on
