@@ -37,6 +37,8 @@ _END_SEQ = (-1).to_bytes(8, "big", signed=True)
 _DECODE_WARNING_INTERVAL_S = 10.0
 _CHUNK = 256
 """Messages read, or batches delivered, between two yields to the event loop."""
+_LIVE_READ_S = 0.02
+"""During a replay, the longest the live socket waits to be read (``EventListener._request``)."""
 
 
 @dataclass(frozen=True)
@@ -179,7 +181,8 @@ class EventListener:
                     await woken
                 finally:
                     self._woken = None
-                    # A replay polls this socket through zmq.asyncio, which registers its own reader on the same fd.
+                    # While the task has the backlog the reader would return at once and leave the fd readable: the
+                    # loop would call it every turn. A replay reads this socket itself (``_request``).
                     loop.remove_reader(fd)
                 # Up to _CHUNK batches a turn: one a turn fell behind a busy router's requests (each finished request
                 # is a batch from its worker), and its tables with it (2.3 s behind, half the events unread, at
@@ -344,8 +347,15 @@ class EventListener:
         follow on from it. Returns what went wrong, or None once the answer ended. Live batches arriving
         meanwhile are queued.
 
-        Gives up when the endpoint stays silent for ``replay_timeout_s``; an answer that keeps coming is
-        read to its end.
+        Gives up when the endpoint stays silent for ``replay_timeout_s`` (live batches meanwhile do not count); an
+        answer that keeps coming is read to its end.
+
+        The live socket is read here directly (every ``_LIVE_READ_S`` at least), not through ``zmq.asyncio``'s poller.
+        Registered there, every live batch woke the poll as an answer would, so a dead replay endpoint was never
+        found silent while its worker published, and the table stayed as it was (empty, at connect) for as long as the
+        worker kept publishing. It also kept pyzmq's own handler off this socket's fd: that handler asks the socket
+        for its events, which takes in the signal of a waiting message without reading it, and ``_on_readable``
+        relies on no one else doing so.
         """
         dealer = sub.context.socket(zmq.DEALER)
         try:
@@ -356,17 +366,19 @@ class EventListener:
             await dealer.send_multipart([b"", start.to_bytes(8, "big")], flags=zmq.NOBLOCK)
             due = start
             poller = zmq.asyncio.Poller()
-            poller.register(sub, zmq.POLLIN)
             poller.register(dealer, zmq.POLLIN)
             raw_sub, raw_dealer = zmq.Socket.shadow(sub.underlying), zmq.Socket.shadow(dealer.underlying)
+            heard = time.monotonic()
             while True:
-                ready = dict(await poller.poll(self._replay_timeout_s * 1000))
-                if not ready:
-                    return f"{endpoint} sent nothing for {self._replay_timeout_s}s"
-                if sub in ready:
-                    for frames in _ready_messages(raw_sub):
-                        self._take(frames)
-                for frames in _ready_messages(raw_dealer) if dealer in ready else []:
+                ready = dict(await poller.poll(min(_LIVE_READ_S, self._replay_timeout_s) * 1000))
+                for frames in _ready_messages(raw_sub):
+                    self._take(frames)
+                if dealer not in ready:
+                    if time.monotonic() - heard >= self._replay_timeout_s:
+                        return f"{endpoint} sent nothing for {self._replay_timeout_s}s"
+                    continue
+                heard = time.monotonic()
+                for frames in _ready_messages(raw_dealer):
                     if len(frames) == 4 and frames[0] == b"" and frames[2] == _END_SEQ:
                         return None
                     decoded = self._decode(frames[1:]) if frames[:1] == [b""] else None

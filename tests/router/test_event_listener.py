@@ -321,6 +321,38 @@ def test_dead_replay_endpoint_times_out_and_live_delivery_goes_on(publisher):
     assert listener.stats.replays == 0 and listener.stats.replay_failures >= 1
 
 
+def test_a_dead_replay_endpoint_times_out_while_live_batches_keep_coming(publisher):
+    """The replay's silence is the replay endpoint's alone: live batches arriving meanwhile (a busy worker publishes
+    every few milliseconds) are queued, and do not keep the wait for a dead endpoint going. Before, any live batch
+    woke the replay's poll as an answer would, so a dead endpoint was waited for as long as the worker published,
+    and the table stayed as it was (empty at connect) all that time."""
+    pub, sink = publisher(replay=False), RecordingSink()
+    dead = f"tcp://127.0.0.1:{_free_port()}"
+
+    async def body() -> EventListener:
+        listener = EventListener(_source(pub, replay_endpoint=dead), sink, replay_timeout_s=0.3)
+        task = asyncio.create_task(listener.run())
+        try:
+            t0, i = time.monotonic(), 0
+            while listener.stats.replay_failures == 0:
+                assert time.monotonic() - t0 < 3.0, "the replay of a dead endpoint never timed out"
+                pub.publish(_batch(i))
+                i += 1
+                await asyncio.sleep(0.02)
+            for j in range(i, i + 5):
+                pub.publish(_batch(j))
+            await _until(lambda: listener.stats.last_seq == i + 4)
+            return listener
+        finally:
+            listener.stop()
+            await asyncio.wait_for(task, 1.0)
+
+    listener = asyncio.run(body())
+    seqs = sink.seqs_since_reset()
+    assert seqs == list(range(seqs[0], seqs[-1] + 1))
+    assert listener.stats.replays == 0 and listener.stats.replay_failures >= 1  # (the first live batch is a gap)
+
+
 @pytest.mark.parametrize("replay", [True, False], ids=["with-replay", "without-replay"])
 def test_publisher_restart_resets_then_delivers_the_new_stream(publisher, replay):
     first, sink = publisher(replay=replay), RecordingSink()
