@@ -32,9 +32,11 @@ Load: closed loop, ``--concurrency`` requests in flight; per (router, stream) ``
 (excluded), then ``--requests`` measured. The order of the routers (and of the direct baseline) changes
 between repeats (``run_order``: the second runs the first's in reverse), since the router measured first runs slower.
 Before a stream's first measured run, a router (the first of ``--routers``, not instrumented) runs it once unmeasured
-(``--warm-up-run``, on by default): the first router to meet a stream met stand-ins whose caches did not hold it yet,
-and counted 10-16% more instructions than the same code later in the same stream (b3bd5c7, 2026-11-29), a slot the
-order's rotation does not cover.
+(``--warm-up-run``, on by default): the first router measured ran slower (b3bd5c7, 2026-11-29), a slot the order's
+rotation does not cover. The stand-ins' caches are emptied before every run (``StandIns.flush``), so each run's
+warm-up fills them alike and its measured requests store what is new to them, as in service; until 2026-12-02 the
+caches were left full by the run before, which on the shared streams meant no page stored and no KV event for
+sgl_moe's router to read in its measured window (``events_stored_in_window`` now says how many blocks it read there).
 
 Figures per (router, stream), pooled over the repeats:
 
@@ -300,6 +302,20 @@ class StandIns:
         self.urls = value
         return self
 
+    async def flush(self) -> None:
+        """Empty every stand-in's cache (``/flush_cache``; with KV events, an ``AllBlocksCleared``): each run meets the
+        same empty caches, its warm-up fills them, and its measured requests store what is new to them (their own
+        tails, the rarer prefixes) as they would in service. Runs that met caches left full by the run before
+        stored nothing on a shared stream (the 40 prefixes and every prompt of the stream fit), so sgl_moe's router
+        read no KV events in its measured window there."""
+        import aiohttp
+
+        async with aiohttp.ClientSession() as session:
+            for url in self.urls:
+                async with session.post(f"{url}/flush_cache", timeout=aiohttp.ClientTimeout(total=30)) as resp:
+                    if resp.status != 200:
+                        raise BenchError(f"stand-in {url}: /flush_cache answered {resp.status}")
+
     def cpu_seconds(self) -> float | None:
         try:
             import psutil
@@ -368,17 +384,20 @@ def _errors(records: list[Record]) -> tuple[int, str | None]:
 
 
 async def measure(url: str, stream: Stream, concurrency: int, cpu, stand_ins: StandIns, owner_cpu=None,
-                  counter: callgrind.Counter | None = None) -> dict:
+                  counter: callgrind.Counter | None = None, tables: bool = False) -> dict:
     """Warm-up, then the measured window with ``cpu()`` (the router's (user, system) CPU seconds) read on both sides;
     ``owner_cpu()``: the placement owner's alone (sgl_moe with front processes); ``counter``: the router's
-    instructions over the window (it runs under callgrind)."""
+    instructions over the window (it runs under callgrind); ``tables``: sgl_moe's, whose blocks stored by KV events
+    are read on both sides too (``events_stored_in_window``: the event work inside the window)."""
     warm, _ = await run_stream(url, stream.warmup, concurrency, progress=False) if stream.warmup else ([], 0.0)
+    e0 = await block_tables(url) if tables else None
     c0, s0, o0 = cpu(), stand_ins.cpu_seconds(), own_cpu_seconds()
     w0 = owner_cpu() if owner_cpu is not None else None
     with counter.window(stream.name) if counter is not None else nullcontext([]) as counted:
         records, wall = await run_stream(url, stream.measured, concurrency, progress=False)
     c1, s1, o1 = cpu(), stand_ins.cpu_seconds(), own_cpu_seconds()
     w1 = owner_cpu() if owner_cpu is not None else None
+    e1 = await block_tables(url) if tables else None
     n = len(records)
     errors, first_error = _errors(records)
     warm_errors, warm_first = _errors(warm)
@@ -393,6 +412,8 @@ async def measure(url: str, stream: Stream, concurrency: int, cpu, stand_ins: St
         out["user_cpu_s"], out["system_cpu_s"] = c1[0] - c0[0], c1[1] - c0[1]
     if w0 is not None and w1 is not None and n:
         out["owner_cpu_s"] = w1 - w0
+    if e0 is not None and e1 is not None:
+        out["events_stored_in_window"] = e1["events_stored"] - e0["events_stored"]
     if counted and n:
         out["instructions"] = counted[0]
         out["instructions_per_request"] = counted[0] / n
@@ -420,7 +441,7 @@ async def run_router(spec: RouterSpec, stand_ins: StandIns, stream: Stream, conc
         owner = router.top_cpu_seconds if spec.front_processes > 1 else None
         counter = callgrind.Counter(router.pid, counted) if counted else None
         out = {"available": True, **await measure(router.url, stream, concurrency, router.cpu_times, stand_ins,
-                                                  owner, counter)}
+                                                  owner, counter, tables=spec.engine == "sgl_moe")}
         if spec.engine == "sgl_moe":
             out["tables"] = await block_tables(router.url)
         return out
@@ -512,12 +533,14 @@ async def run_all(args, specs: list[RouterSpec], streams: list[Stream], stand_in
         order = run_order(entries, rep)
         for stream in streams:
             if rep == 0 and args.warm_up_run:
+                await stand_ins.flush()
                 r = await run_router(specs[0], stand_ins, stream, args.concurrency, args.log_dir, -1, False)
                 print(f"[warm-up] {stream.name:<12} {specs[0].label:<48} "
                       + (_progress(r) if r["available"] else f"not available: {r['reason']}"),
                       file=sys.stderr, flush=True)
             for entry in order:
                 k += 1
+                await stand_ins.flush()
                 if entry == DIRECT:
                     name = DIRECT
                     # Round-robin straight over the stand-ins is what a router's cheapest forwarding does;
@@ -554,8 +577,8 @@ def _progress(r: dict) -> str:
     lat = r["latencies_ms"]
     t = r.get("tables")
     tables = (f"  tables: {t['committed_blocks']:,} committed, {t['pending_blocks']:,} pending blocks "
-              f"({t['events_stored']:,} stored by events; {t['event_gaps']} gaps, {t['event_resets']} resets)"
-              if t else "")
+              f"({t['events_stored']:,} stored by events, {r.get('events_stored_in_window', 0):,} in the measured "
+              f"window; {t['event_gaps']} gaps, {t['event_resets']} resets)" if t else "")
     return (f"{cpu}{r['req_per_s']:7.1f} req/s  p50 {pct(lat, 0.5):7.1f} ms  p99 {pct(lat, 0.99):7.1f} ms  "
             f"{r['errors'] + r['warmup_errors']} errors{tables}")
 

@@ -62,6 +62,10 @@ def test_smallest_run_reports_router_cpu_per_request_for_every_router_and_stream
         t = run["tables"]
         assert t["events_stored"] > 0 and t["committed_blocks"] > 0, (stream, t)
         assert t["pending_blocks"] < t["events_stored"], (stream, t)
+        # The stand-ins' caches were emptied before the run: its measured requests stored their own new pages, so
+        # the router read KV events inside its measured window too (on the shared stream, before the caches were
+        # emptied, the run before had left every page of the stream cached, and it read none there).
+        assert run["events_stored_in_window"] > 0, (stream, run["events_stored_in_window"])
     assert "stored by events" in proc.stderr
 
     # What a user reads: a markdown table on stdout, one progress line per run on stderr.
@@ -122,6 +126,8 @@ def test_instructions_are_counted_for_each_router_over_its_measured_window(tmp_p
         by_object = r["instructions_by_object"]  # where they ran: every instruction of the window, in some file
         assert sum(by_object.values()) == round(r["instructions_per_request"] * r["requests"]), (router, by_object)
     assert any("/python3" in name for name in rows[ROUTERS[0]]["instructions_by_object"])  # the interpreter ran some
+    [counted] = rows[ROUTERS[0]]["repeats"]  # the window holds the router's KV-event work (caches emptied before)
+    assert counted["events_stored_in_window"] > 0, counted["events_stored_in_window"]
     assert "instructions_per_request" not in rows["direct to stand-in"]
     assert "| shared-50 | sgl_moe longest_block_match | " in proc.stdout and "instructions/req" in proc.stdout
     assert "| in libcrypto | outside libcrypto |" in proc.stdout  # callgrind's SHA-256 without the SHA extensions
