@@ -330,9 +330,7 @@ def test_a_dead_replay_endpoint_times_out_while_live_batches_keep_coming(publish
     dead = f"tcp://127.0.0.1:{_free_port()}"
 
     async def body() -> EventListener:
-        listener = EventListener(_source(pub, replay_endpoint=dead), sink, replay_timeout_s=0.3)
-        task = asyncio.create_task(listener.run())
-        try:
+        async with _listening(_source(pub, replay_endpoint=dead), sink, replay_timeout_s=0.3) as listener:
             t0, i = time.monotonic(), 0
             while listener.stats.replay_failures == 0:
                 assert time.monotonic() - t0 < 3.0, "the replay of a dead endpoint never timed out"
@@ -343,9 +341,6 @@ def test_a_dead_replay_endpoint_times_out_while_live_batches_keep_coming(publish
                 pub.publish(_batch(j))
             await _until(lambda: listener.stats.last_seq == i + 4)
             return listener
-        finally:
-            listener.stop()
-            await asyncio.wait_for(task, 1.0)
 
     listener = asyncio.run(body())
     seqs = sink.seqs_since_reset()
