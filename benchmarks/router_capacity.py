@@ -80,7 +80,7 @@ from pathlib import Path
 from sgl_moe import DEFAULT_MODEL_DIR
 from sgl_moe.harness import callgrind, native_modules
 from sgl_moe.policy_bench.driver import Record, run_stream
-from sgl_moe.policy_bench.routers import RouterUnderTest
+from sgl_moe.policy_bench.routers import RouterUnderTest, flush_caches
 from sgl_moe.policy_bench.stream import StreamUnit
 
 ROUTERS = {"sgl_moe": ("sgl_moe", "longest_block_match"), "cache_aware": ("sglang-router", "cache_aware"),
@@ -303,18 +303,15 @@ class StandIns:
         return self
 
     async def flush(self) -> None:
-        """Empty every stand-in's cache (``/flush_cache``; with KV events, an ``AllBlocksCleared``): each run meets the
-        same empty caches, its warm-up fills them, and its measured requests store what is new to them (their own
-        tails, the rarer prefixes) as they would in service. Runs that met caches left full by the run before
-        stored nothing on a shared stream (the 40 prefixes and every prompt of the stream fit), so sgl_moe's router
-        read no KV events in its measured window there."""
-        import aiohttp
-
-        async with aiohttp.ClientSession() as session:
-            for url in self.urls:
-                async with session.post(f"{url}/flush_cache", timeout=aiohttp.ClientTimeout(total=30)) as resp:
-                    if resp.status != 200:
-                        raise BenchError(f"stand-in {url}: /flush_cache answered {resp.status}")
+        """Empty every stand-in's cache (``policy_bench.routers.flush_caches``; with KV events, an
+        ``AllBlocksCleared``): each run meets the same empty caches, its warm-up fills them, and its measured requests
+        store what is new to them (their own tails, the rarer prefixes) as they would in service. Runs that met caches
+        left full by the run before stored nothing on a shared stream (the 40 prefixes and every prompt of the
+        stream fit), so sgl_moe's router read no KV events in its measured window there."""
+        try:
+            await asyncio.to_thread(flush_caches, self.urls, 30.0)
+        except Exception as exc:  # noqa: BLE001 - RuntimeError (refused) or httpx's errors: reported as one line
+            raise BenchError(f"the stand-ins would not empty their caches: {exc}") from None
 
     def cpu_seconds(self) -> float | None:
         try:
