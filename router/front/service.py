@@ -463,7 +463,7 @@ class Router:
     def observe(self, placement: Placement) -> None:
         """Record a placement's decision time, and its queue wait when it queued."""
         self.metrics.decision_seconds.observe(placement.decision_s)
-        if placement.job.future is not None:
+        if placement.job.queued:
             self.metrics.queue_wait_seconds.observe(placement.queued_s)
 
     def _job(self, rid: str, parsed: ParsedRequest) -> Job:

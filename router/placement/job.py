@@ -30,6 +30,11 @@ class Job:
     """Workers not to use (one that already failed this request)."""
     arrived: float = field(default_factory=time.monotonic)
     future: asyncio.Future | None = None
+    """While the job waits in the admission queue: what wakes its ``acquire`` (answered with the placement, which
+    refers back to the job: ``acquire`` lets go of it once answered, so the request's objects are freed as soon as
+    it ends rather than left for the cyclic garbage collector)."""
+    queued: bool = False
+    """Waited in the admission queue (``Scheduler.acquire``), on this try or an earlier one."""
     waiting_for: str | None = None
     """The saturated worker this queued job chose to wait for, and its cost there."""
     waiting_cost: float = 0.0
@@ -45,8 +50,9 @@ class Job:
 
     def __init__(self, rid: str, prompt_lens: list[int], keys: list[Sequence[int]], shared_prefix_len: int = 0,
                  max_new_tokens: int = 1, exclude: frozenset[str] = frozenset(), arrived: float = _NOW,  # type: ignore[assignment]
-                 future: asyncio.Future | None = None, waiting_for: str | None = None, waiting_cost: float = 0.0,
-                 held: bool = False, wait_started: float | None = None, wait_limit_s: float | None = None) -> None:
+                 future: asyncio.Future | None = None, queued: bool = False, waiting_for: str | None = None,
+                 waiting_cost: float = 0.0, held: bool = False, wait_started: float | None = None,
+                 wait_limit_s: float | None = None) -> None:
         # Written out (``init=False``): compiled, it runs as C; the one ``dataclass`` writes runs interpreted.
         self.rid = rid
         self.prompt_lens = prompt_lens
@@ -56,6 +62,7 @@ class Job:
         self.exclude = exclude
         self.arrived = time.monotonic() if arrived is _NOW else arrived
         self.future = future
+        self.queued = queued
         self.waiting_for = waiting_for
         self.waiting_cost = waiting_cost
         self.held = held

@@ -72,3 +72,12 @@ def test_answered_requests_and_times_by_endpoint_and_status():
     want = _samples(generate_latest(reference))
     assert want <= got
     assert sum(n for (n,) in metrics.requests.values()) == 500
+
+
+def test_the_routers_metrics_show_the_garbage_collectors_passes():
+    metrics = RouterMetrics(router=None)  # the router's state is read only when its own collector is
+    names = ["python_gc_collections_total", "python_gc_objects_collected_total"]
+    text = generate_latest(metrics.registry.restricted_registry(names)).decode()
+    for name in names:
+        for generation in "012":
+            assert f'{name}{{generation="{generation}"}}' in text

@@ -1,6 +1,8 @@
 """Placement, admission against Θ and the FIFO queue, on in-memory workers (no HTTP: the unit alone)."""
 
 import asyncio
+import functools
+import gc
 
 import pytest
 
@@ -9,7 +11,7 @@ from sgl_moe.router.config import RouterConfig
 from sgl_moe.router.membership.worker import Worker
 from sgl_moe.router.placement.block_index import BlockIndex
 from sgl_moe.router.placement.candidates import job_cost
-from sgl_moe.router.placement.job import Job
+from sgl_moe.router.placement.job import Job, Placement
 from sgl_moe.router.placement.pending import PendingLedger
 from sgl_moe.router.placement.scheduler import QueueFull, QueueTimeout, Scheduler
 from sgl_moe.wire import SaturationInfo, WorkerInfo
@@ -105,6 +107,39 @@ def test_saturated_worker_gets_nothing_and_queue_is_fifo():
 
     assert asyncio.run(run()) == ["q0", "q1", "q2"]
     assert pool.workers["w0"].inflight_flops == 0.0 and pool.workers["w0"].inflight_requests == 0
+
+
+def test_a_queued_request_leaves_no_reference_cycle_for_the_garbage_collector():
+    """A queued job's future is answered with its placement, which refers back to the job. ``acquire`` lets go of
+    the future once answered, so the request's objects go when it ends, by reference counting: left as a cycle per
+    queued request, they were freed only by the cyclic collector, whose passes were 2-3% of the live router's CPU."""
+    cost = FLOPS.request_flops(0, 3 * PAGE + 1)
+    sched, pool, index = make(n=1, theta=cost * 1.5)
+
+    async def run():
+        first = await sched.acquire(job("a", [1, 2, 3]))
+        second = await sched.acquire(job("b", [4, 5, 6]))
+        asyncio.get_running_loop().call_later(0.01, functools.partial(sched.release, first, ok=True))
+        placement = await sched.acquire(job("q", [7]))  # queues: w0 is saturated until ``first`` ends
+        queued = placement.job.queued and placement.job.future is None
+        sched.release(placement, ok=True)
+        sched.release(second, ok=True)
+        return queued
+
+    gc.collect()
+    gc.disable()
+    try:
+        assert asyncio.run(run())
+        gc.set_debug(gc.DEBUG_SAVEALL)
+        gc.collect()
+        left = [o for o in gc.garbage if isinstance(o, Job) and o.rid == "q"
+                or isinstance(o, Placement) and o.job.rid == "q"]
+    finally:
+        gc.set_debug(0)
+        gc.garbage.clear()
+        gc.enable()
+    assert sched.stats.queued == 1
+    assert left == []
 
 
 def test_concurrent_dispatch_cannot_overshoot_theta():
