@@ -388,6 +388,7 @@ async def measure(url: str, stream: Stream, concurrency: int, cpu, stand_ins: St
     are read on both sides too (``events_stored_in_window``: the event work inside the window)."""
     warm, _ = await run_stream(url, stream.warmup, concurrency, progress=False) if stream.warmup else ([], 0.0)
     e0 = await block_tables(url) if tables else None
+    g0 = await gc_counts(url) if tables else None
     c0, s0, o0 = cpu(), stand_ins.cpu_seconds(), own_cpu_seconds()
     w0 = owner_cpu() if owner_cpu is not None else None
     with counter.window(stream.name) if counter is not None else nullcontext([]) as counted:
@@ -395,6 +396,7 @@ async def measure(url: str, stream: Stream, concurrency: int, cpu, stand_ins: St
     c1, s1, o1 = cpu(), stand_ins.cpu_seconds(), own_cpu_seconds()
     w1 = owner_cpu() if owner_cpu is not None else None
     e1 = await block_tables(url) if tables else None
+    g1 = await gc_counts(url) if tables else None
     n = len(records)
     errors, first_error = _errors(records)
     warm_errors, warm_first = _errors(warm)
@@ -411,6 +413,9 @@ async def measure(url: str, stream: Stream, concurrency: int, cpu, stand_ins: St
         out["owner_cpu_s"] = w1 - w0
     if e0 is not None and e1 is not None:
         out["events_stored_in_window"] = e1["events_stored"] - e0["events_stored"]
+    if g0 is not None and g1 is not None:
+        out["gc_passes_in_window"] = g1[0] - g0[0]
+        out["gc_objects_collected_in_window"] = g1[1] - g0[1]
     if counted and n:
         out["instructions"] = counted[0]
         out["instructions_per_request"] = counted[0] / n
@@ -444,6 +449,29 @@ async def run_router(spec: RouterSpec, stand_ins: StandIns, stream: Stream, conc
         return out
     finally:
         router.stop()
+
+
+async def gc_counts(url: str) -> tuple[int, int] | None:
+    """sgl_moe's router's cyclic garbage collector so far, from its ``/metrics`` (``python_gc_*``, every generation):
+    (passes, objects collected); None where the router does not expose them (a baseline older than 3f41480). A
+    reference cycle left per request shows as objects collected growing with the requests, in the windows long
+    enough to hold a pass (``tune_gc``'s threshold makes them rare)."""
+    import aiohttp
+
+    try:
+        async with aiohttp.ClientSession() as session, session.get(f"{url}/metrics", timeout=10) as resp:
+            text = await resp.text()
+    except Exception:  # noqa: BLE001 - a diagnostic only
+        return None
+    passes = collected = 0
+    found = False
+    for line in text.splitlines():
+        if line.startswith("python_gc_collections_total{"):
+            passes += int(float(line.split()[-1]))
+            found = True
+        elif line.startswith("python_gc_objects_collected_total{"):
+            collected += int(float(line.split()[-1]))
+    return (passes, collected) if found else None
 
 
 async def block_tables(url: str) -> dict | None:
@@ -576,6 +604,9 @@ def _progress(r: dict) -> str:
     tables = (f"  tables: {t['committed_blocks']:,} committed, {t['pending_blocks']:,} pending blocks "
               f"({t['events_stored']:,} stored by events, {r.get('events_stored_in_window', 0):,} in the measured "
               f"window; {t['event_gaps']} gaps, {t['event_resets']} resets)" if t else "")
+    if "gc_passes_in_window" in r:
+        tables += (f"  garbage collector: {r['gc_passes_in_window']} passes, {r['gc_objects_collected_in_window']:,} "
+                   "objects collected in the measured window")
     return (f"{cpu}{r['req_per_s']:7.1f} req/s  p50 {pct(lat, 0.5):7.1f} ms  p99 {pct(lat, 0.99):7.1f} ms  "
             f"{r['errors'] + r['warmup_errors']} errors{tables}")
 
