@@ -463,15 +463,14 @@ async def gc_counts(url: str) -> tuple[int, int] | None:
             text = await resp.text()
     except Exception:  # noqa: BLE001 - a diagnostic only
         return None
-    passes = collected = 0
-    found = False
-    for line in text.splitlines():
-        if line.startswith("python_gc_collections_total{"):
-            passes += int(float(line.split()[-1]))
-            found = True
-        elif line.startswith("python_gc_objects_collected_total{"):
-            collected += int(float(line.split()[-1]))
-    return (passes, collected) if found else None
+    from prometheus_client.parser import text_string_to_metric_families
+
+    totals = {f.name: int(sum(s.value for s in f.samples if s.name.endswith("_total")))
+              for f in text_string_to_metric_families(text)
+              if f.name in ("python_gc_collections", "python_gc_objects_collected")}
+    if "python_gc_collections" not in totals:
+        return None
+    return totals["python_gc_collections"], totals.get("python_gc_objects_collected", 0)
 
 
 async def block_tables(url: str) -> dict | None:
