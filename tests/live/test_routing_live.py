@@ -179,9 +179,9 @@ def test_a_worker_removed_while_it_runs_a_request_answers_it_and_the_queue_moves
 
     with cf.ThreadPoolExecutor(len(texts)) as pool:
         futures = [pool.submit(send, t) for t in texts]
-        wait_until(lambda: any(w["inflight_requests"] for w in workers_state(router).values()),
-                   what="a request running")
-        wid = next(k for k, w in workers_state(router).items() if w["inflight_requests"])
+        # The worker is read from the snapshot that showed it busy: a second read could find its request done.
+        wid = wait_until(lambda: next((k for k, w in workers_state(router).items() if w["inflight_requests"]), None),
+                         what="a request running")
         removed = httpx.delete(f"{router.url}/workers/{wid}", timeout=10)
         removed_at = time.monotonic()
         responses = [f.result(300) for f in futures]
